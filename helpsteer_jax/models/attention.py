@@ -1,0 +1,208 @@
+"""Causal attention with padding and packing, behind one seam.
+
+Every implementation takes queries [B, T, H, D], keys and values [B, S, K, D]
+(K divides H: grouped-query attention) and a `MaskInfo`, and returns
+[B, T, H, D]. A query attends to a key when both carry the same non-zero
+segment id and the key's index is not after the query's. Segment id 0 marks
+padding (its rows produce finite values that losses mask out).
+
+`attention_impl` selects the kernel:
+- `xla`: `jax.nn.dot_product_attention` with an explicit mask.
+- `blockwise`: a flash-style kernel in plain JAX (custom VJP). It loops over
+  one (batch, kv-head) group at a time and over query blocks that see only
+  keys up to their own end, so it skips the masked upper triangle, keeps each
+  score block cache-sized, and the backward pass recomputes scores from the
+  saved log-sum-exp instead of storing a T x S matrix. Fastest on CPU.
+Accelerator kernels (cuDNN flash, TPU splash) plug in at `attention()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from helpsteer_jax import sharding as sharding_lib
+
+NEG_INF = -0.7 * float(np.finfo(np.float32).max)
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskInfo:
+  """What decides which key each query may see.
+
+  q_segment_ids: [B, T] int; kv_segment_ids: [B, S] int (0 = padding).
+  q_offset: index of query 0 within the key sequence (0 for training; the
+    cache position when decoding), scalar or [B]. With a static 0 and equal
+    lengths, queries and keys are the same sequence (self-attention).
+  """
+
+  q_segment_ids: jax.Array
+  kv_segment_ids: jax.Array
+  q_offset: jax.Array | int = 0
+
+
+jax.tree_util.register_dataclass(
+    MaskInfo, data_fields=["q_segment_ids", "kv_segment_ids", "q_offset"],
+    meta_fields=[])
+
+
+def dense_mask(info: MaskInfo, q_len: int, kv_len: int) -> jax.Array:
+  """Boolean [B, q_len, kv_len]: same non-zero segment and causal."""
+  offset = jnp.asarray(info.q_offset).reshape(-1, 1, 1)
+  q_idx = jnp.arange(q_len)[None, :, None] + offset
+  kv_idx = jnp.arange(kv_len)[None, None, :]
+  q_seg = info.q_segment_ids[:, :, None]
+  kv_seg = info.kv_segment_ids[:, None, :]
+  return (q_seg == kv_seg) & (kv_seg != 0) & (kv_idx <= q_idx)
+
+
+def xla_attention(q, k, v, info: MaskInfo) -> jax.Array:
+  mask = dense_mask(info, q.shape[1], k.shape[1])[:, None]
+  return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
+
+
+# ---------------------------------------------------------------------------
+# Blockwise (flash-style) attention for one group: q [G, T, D], k/v [T, D].
+
+
+def _query_blocks(length: int, block: int) -> list[tuple[int, int]]:
+  return [(s, min(s + block, length)) for s in range(0, length, block)]
+
+
+def _block_scores(q_blk, k, seg, start, stop, scale):
+  """Masked fp32 scores of queries start:stop against keys 0:stop."""
+  s = jnp.einsum("gtd,sd->gts", q_blk, k[:stop],
+                 preferred_element_type=jnp.float32) * scale
+  q_idx = jnp.arange(start, stop)[:, None]
+  kv_idx = jnp.arange(stop)[None, :]
+  kv_seg = seg[None, :stop]
+  keep = (kv_idx <= q_idx) & (seg[start:stop, None] == kv_seg) & (kv_seg != 0)
+  return jnp.where(keep[None], s, NEG_INF)
+
+
+def _group_forward(q, k, v, seg, block):
+  scale = q.shape[-1] ** -0.5
+  outs, lses = [], []
+  for start, stop in _query_blocks(q.shape[1], block):
+    s = _block_scores(q[:, start:stop], k, seg, start, stop, scale)
+    m = jnp.max(s, axis=-1, keepdims=True)
+    p = jnp.exp(s - m)
+    l = jnp.sum(p, axis=-1, keepdims=True)
+    o = jnp.einsum("gts,sd->gtd", p.astype(v.dtype), v[:stop],
+                   preferred_element_type=jnp.float32) / l
+    outs.append(o.astype(q.dtype))
+    lses.append((m + jnp.log(l))[..., 0])
+  return jnp.concatenate(outs, axis=1), jnp.concatenate(lses, axis=1)
+
+
+def _group_backward(q, k, v, seg, out, lse, dout, block):
+  scale = q.shape[-1] ** -0.5
+  delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
+  dq = []
+  dk = jnp.zeros(k.shape, jnp.float32)
+  dv = jnp.zeros(v.shape, jnp.float32)
+  for start, stop in _query_blocks(q.shape[1], block):
+    q_blk, do_blk = q[:, start:stop], dout[:, start:stop]
+    s = _block_scores(q_blk, k, seg, start, stop, scale)
+    p = jnp.exp(s - lse[:, start:stop, None])
+    dv = dv.at[:stop].add(jnp.einsum("gts,gtd->sd", p.astype(dout.dtype), do_blk,
+                                     preferred_element_type=jnp.float32))
+    dp = jnp.einsum("gtd,sd->gts", do_blk, v[:stop], preferred_element_type=jnp.float32)
+    ds = (p * (dp - delta[:, start:stop, None]) * scale).astype(q.dtype)
+    dq.append(jnp.einsum("gts,sd->gtd", ds, k[:stop], preferred_element_type=jnp.float32))
+    dk = dk.at[:stop].add(jnp.einsum("gts,gtd->sd", ds, q_blk,
+                                     preferred_element_type=jnp.float32))
+  return (jnp.concatenate(dq, axis=1).astype(q.dtype), dk.astype(k.dtype),
+          dv.astype(v.dtype))
+
+
+def _to_groups(x, kv_heads):
+  """[B, T, H, D] -> [B*K, H/K, T, D]."""
+  b, t, h, d = x.shape
+  return x.reshape(b, t, kv_heads, h // kv_heads, d).transpose(0, 2, 3, 1, 4).reshape(
+      b * kv_heads, h // kv_heads, t, d)
+
+
+def _from_groups(x, batch):
+  """[B*K, G, T, D] -> [B, T, K*G, D]."""
+  bk, g, t, d = x.shape
+  k = bk // batch
+  return x.reshape(batch, k, g, t, d).transpose(0, 3, 1, 2, 4).reshape(batch, t, k * g, d)
+
+
+def _kv_groups(x):
+  """[B, S, K, D] -> [B*K, S, D]."""
+  b, s, k, d = x.shape
+  return x.transpose(0, 2, 1, 3).reshape(b * k, s, d)
+
+
+def _kv_ungroup(x, batch):
+  bk, s, d = x.shape
+  return x.reshape(batch, bk // batch, s, d).transpose(0, 2, 1, 3)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _blockwise(q, k, v, segment_ids, block):
+  return _blockwise_fwd(q, k, v, segment_ids, block)[0]
+
+
+def _blockwise_fwd(q, k, v, segment_ids, block):
+  b, kv_heads = q.shape[0], k.shape[2]
+  seg = jnp.repeat(segment_ids, kv_heads, axis=0)
+  out, lse = jax.lax.map(lambda a: _group_forward(*a, block),
+                         (_to_groups(q, kv_heads), _kv_groups(k), _kv_groups(v), seg))
+  return _from_groups(out, b), (q, k, v, segment_ids, out, lse)
+
+
+def _blockwise_bwd(block, residuals, dout):
+  q, k, v, segment_ids, out, lse = residuals
+  b, kv_heads = q.shape[0], k.shape[2]
+  seg = jnp.repeat(segment_ids, kv_heads, axis=0)
+  dq, dk, dv = jax.lax.map(
+      lambda a: _group_backward(*a, block),
+      (_to_groups(q, kv_heads), _kv_groups(k), _kv_groups(v), seg, out, lse,
+       _to_groups(dout, kv_heads)))
+  return (_from_groups(dq, b), _kv_ungroup(dk, b), _kv_ungroup(dv, b),
+          np.zeros(segment_ids.shape, jax.dtypes.float0))
+
+
+_blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
+
+
+def blockwise_attention(q, k, v, segment_ids, block_size: int) -> jax.Array:
+  """Flash-style causal self-attention (queries and keys are one sequence)."""
+  return _blockwise(q, k, v, segment_ids, block_size)
+
+
+def _local(fn, q, k, v, segment_ids):
+  """Runs `fn` on each device's shard: batch and heads are independent."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1:
+    return fn(q, k, v, segment_ids)
+  rules = sharding_lib.active_rules()
+  q_spec = sharding_lib.logical_to_spec(("batch", "length", "heads", "head_dim"), rules)
+  kv_spec = sharding_lib.logical_to_spec(("batch", "length", "kv_heads", "head_dim"), rules)
+  seg_spec = PartitionSpec(q_spec[0], q_spec[1])
+  return jax.shard_map(fn, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, seg_spec),
+                       out_specs=q_spec, check_vma=False)(q, k, v, segment_ids)
+
+
+def attention(q, k, v, info: MaskInfo, impl: str, block_size: int = 256) -> jax.Array:
+  """Dispatches to the configured attention implementation."""
+  if impl == "xla":
+    return xla_attention(q, k, v, info)
+  if impl == "blockwise":
+    self_attention = (q.shape[1] == k.shape[1] and isinstance(info.q_offset, int)
+                      and info.q_offset == 0)
+    if not self_attention:
+      # Decoding against a cache: a dense block is exact and small.
+      return xla_attention(q, k, v, info)
+    fn = functools.partial(blockwise_attention, block_size=block_size)
+    return _local(fn, q, k, v, info.q_segment_ids)
+  raise ValueError(f"attention_impl={impl!r} is not available on this build;"
+                   " use 'xla' or 'blockwise'")

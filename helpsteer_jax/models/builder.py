@@ -1,0 +1,96 @@
+"""Abstract construction, sharding specs and sharded materialisation."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import jax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+
+from helpsteer_jax import sharding as sharding_lib
+from helpsteer_jax.models.config import ModelConfig
+from helpsteer_jax.models.llama import LOGICAL_AXES, Llama
+
+
+def _is_var(x: Any) -> bool:
+  return isinstance(x, nnx.Variable)
+
+
+def abstract_module(make: Callable[[], nnx.Module]) -> tuple[nnx.GraphDef, nnx.State]:
+  """Graph definition and shape-only state of a module (no memory used)."""
+  return nnx.split(nnx.eval_shape(make))
+
+
+def abstract_model(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
+  return abstract_module(lambda: Llama(cfg, rngs=nnx.Rngs(0)))
+
+
+def logical_axes_tree(state: nnx.State) -> Any:
+  """A tree like `state` whose Variable values are logical axis tuples."""
+  def axes(v):
+    names = v.get_metadata(LOGICAL_AXES) if v.has_metadata(LOGICAL_AXES) else None
+    return v.replace(tuple(names) if names else (None,) * len(v.shape))
+  return jax.tree.map(axes, state, is_leaf=_is_var)
+
+
+def state_specs(state: nnx.State, rules: sharding_lib.Rules) -> Any:
+  """PartitionSpec per Variable, from its logical axes and the rules."""
+  def spec(v):
+    names = v.get_metadata(LOGICAL_AXES) if v.has_metadata(LOGICAL_AXES) else ()
+    names = tuple(names) or (None,) * len(v.shape)
+    return v.replace(sharding_lib.logical_to_spec(names, rules))
+  return jax.tree.map(spec, state, is_leaf=_is_var)
+
+
+def state_shardings(state: nnx.State, mesh: Mesh, rules: sharding_lib.Rules) -> Any:
+  specs = state_specs(state, rules)
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
+                      is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+
+
+def validate_state_sharding(state: nnx.State, mesh: Mesh, rules: sharding_lib.Rules) -> None:
+  """Fails before compiling if any parameter dimension cannot be sharded."""
+  checks = []
+  for path, v in jax.tree.leaves_with_path(state, is_leaf=_is_var):
+    names = v.get_metadata(LOGICAL_AXES) if v.has_metadata(LOGICAL_AXES) else ()
+    checks.append(sharding_lib.ShardedArrayCheck(
+        jax.tree_util.keystr(path, simple=True, separator="/"), tuple(v.shape),
+        tuple(names) or (None,) * len(v.shape)))
+  sharding_lib.check_divisible(checks, mesh, rules)
+
+
+def validate_model_on_mesh(cfg: ModelConfig, mesh: Mesh, rules: sharding_lib.Rules) -> None:
+  """Fails before compiling if heads, kv heads, mlp, ... cannot be sharded."""
+  validate_state_sharding(abstract_model(cfg)[1], mesh, rules)
+
+
+def count_params(state: nnx.State) -> int:
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(state))
+
+
+def materialize(make: Callable[[], nnx.Module], mesh: Mesh,
+                rules: sharding_lib.Rules) -> nnx.Module:
+  """Creates a module with every parameter born sharded on `mesh`.
+
+  The initialiser is jitted with the target shardings as outputs, so no
+  device ever holds a whole parameter that is meant to be sharded.
+  """
+  graphdef, abstract_state = abstract_module(make)
+  validate_state_sharding(abstract_state, mesh, rules)
+  shardings = state_shardings(abstract_state, mesh, rules)
+
+  def init():
+    return nnx.state(make())
+
+  with jax.set_mesh(mesh):
+    state = jax.jit(init, out_shardings=shardings)()
+  return nnx.merge(graphdef, state)
+
+
+def init_model(cfg: ModelConfig, mesh: Mesh, rules: sharding_lib.Rules,
+               seed: int = 0) -> Llama:
+  """A randomly initialised, sharded `Llama`."""
+  validate_model_on_mesh(cfg, mesh, rules)
+  return materialize(lambda: Llama(cfg, rngs=nnx.Rngs(seed)), mesh, rules)

@@ -1,0 +1,205 @@
+"""The Llama-family decoder as Flax NNX modules.
+
+Layer parameters are stacked on a leading `layers` axis and the forward pass
+scans over them (one traced layer, so 80-layer models compile in seconds).
+The forward returns the final-norm hidden states; `Llama.logits` projects
+them to the vocabulary separately so losses can fuse that projection.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from helpsteer_jax.models import attention as attention_lib
+from helpsteer_jax.models.config import ModelConfig
+from helpsteer_jax.models.rope import apply_rope, rope_tables
+from helpsteer_jax.sharding import constrain
+
+LOGICAL_AXES = "logical_axes"
+
+
+def _param(rngs: nnx.Rngs | None, shape: tuple[int, ...],
+           axes: tuple[str | None, ...], cfg: ModelConfig,
+           init: str = "normal") -> nnx.Param:
+  dtype = cfg.weight_dtype
+  if init == "normal":
+    value = cfg.initializer_range * jax.random.normal(rngs.params(), shape, dtype)
+  elif init == "ones":
+    value = jnp.ones(shape, dtype)
+  else:
+    value = jnp.zeros(shape, dtype)
+  return nnx.Param(value, **{LOGICAL_AXES: axes})
+
+
+def _w(p: nnx.Param, dtype) -> jax.Array:
+  return p[...].astype(dtype)
+
+
+class RMSNorm(nnx.Module):
+  """HF LlamaRMSNorm: normalise in fp32, cast back, then scale."""
+
+  def __init__(self, dim: int, cfg: ModelConfig):
+    self.eps = cfg.rms_norm_eps
+    self.scale = _param(None, (dim,), ("embed",), cfg, init="ones")
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return self.scale[...].astype(x.dtype) * x32.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+  """Grouped-query self-attention with RoPE and optional QKV bias."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    d, h, k, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    self.q_proj = _param(rngs, (d, h, hd), ("embed", "heads", "head_dim"), cfg)
+    self.k_proj = _param(rngs, (d, k, hd), ("embed", "kv_heads", "head_dim"), cfg)
+    self.v_proj = _param(rngs, (d, k, hd), ("embed", "kv_heads", "head_dim"), cfg)
+    self.o_proj = _param(rngs, (h, hd, d), ("heads", "head_dim", "embed"), cfg)
+    if cfg.attention_bias:
+      self.q_bias = _param(None, (h, hd), ("heads", "head_dim"), cfg, "zeros")
+      self.k_bias = _param(None, (k, hd), ("kv_heads", "head_dim"), cfg, "zeros")
+      self.v_bias = _param(None, (k, hd), ("kv_heads", "head_dim"), cfg, "zeros")
+
+  def project_qkv(self, x: jax.Array, cos: jax.Array, sin: jax.Array):
+    dt = self.cfg.compute_dtype
+    q = jnp.einsum("btd,dhk->bthk", x, _w(self.q_proj, dt))
+    k = jnp.einsum("btd,dhk->bthk", x, _w(self.k_proj, dt))
+    v = jnp.einsum("btd,dhk->bthk", x, _w(self.v_proj, dt))
+    if self.cfg.attention_bias:
+      q = q + _w(self.q_bias, dt)
+      k = k + _w(self.k_bias, dt)
+      v = v + _w(self.v_bias, dt)
+    q = constrain(apply_rope(q, cos, sin), ("batch", "length", "heads", "head_dim"))
+    k = constrain(apply_rope(k, cos, sin), ("batch", "length", "kv_heads", "head_dim"))
+    v = constrain(v, ("batch", "length", "kv_heads", "head_dim"))
+    return q, k, v
+
+  def output(self, attn: jax.Array) -> jax.Array:
+    return jnp.einsum("bthk,hkd->btd", attn, _w(self.o_proj, self.cfg.compute_dtype))
+
+  def __call__(self, x, cos, sin, info: attention_lib.MaskInfo) -> jax.Array:
+    q, k, v = self.project_qkv(x, cos, sin)
+    out = attention_lib.attention(q, k, v, info, self.cfg.attention_impl,
+                                  self.cfg.attention_block_size)
+    return self.output(out)
+
+
+class MLP(nnx.Module):
+  """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    d, f = cfg.hidden_size, cfg.intermediate_size
+    self.gate_proj = _param(rngs, (d, f), ("embed", "mlp"), cfg)
+    self.up_proj = _param(rngs, (d, f), ("embed", "mlp"), cfg)
+    self.down_proj = _param(rngs, (f, d), ("mlp", "embed"), cfg)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    dt = self.cfg.compute_dtype
+    gate = x @ _w(self.gate_proj, dt)
+    up = x @ _w(self.up_proj, dt)
+    hidden = constrain(jax.nn.silu(gate) * up, ("batch", "length", "mlp"))
+    return hidden @ _w(self.down_proj, dt)
+
+
+class DecoderLayer(nnx.Module):
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.input_norm = RMSNorm(cfg.hidden_size, cfg)
+    self.attn = Attention(cfg, rngs=rngs)
+    self.post_attention_norm = RMSNorm(cfg.hidden_size, cfg)
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def __call__(self, x, cos, sin, info) -> jax.Array:
+    x = x + self.attn(self.input_norm(x), cos, sin, info)
+    x = x + self.mlp(self.post_attention_norm(x))
+    return constrain(x, ("batch", "length", "embed"))
+
+
+def _remat_policy(name: str) -> Callable | None:
+  policies = jax.checkpoint_policies
+  return {
+      "full": policies.nothing_saveable,
+      "save_dots": policies.dots_saveable,
+      "save_dots_no_batch": policies.dots_with_no_batch_dims_saveable,
+  }.get(name)
+
+
+def _prepend_layer_axis(module: nnx.Module) -> None:
+  for _, var in nnx.iter_graph(module):
+    if isinstance(var, nnx.Variable) and var.has_metadata(LOGICAL_AXES):
+      var.set_metadata(LOGICAL_AXES, ("layers",) + tuple(var.get_metadata(LOGICAL_AXES)))
+
+
+class Llama(nnx.Module):
+  """Decoder-only transformer: embeddings, scanned layers, final norm, head."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), cfg)
+
+    @nnx.split_rngs(splits=cfg.num_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def make_layers(layer_rngs: nnx.Rngs) -> DecoderLayer:
+      return DecoderLayer(cfg, rngs=layer_rngs)
+
+    self.layers = make_layers(rngs)
+    _prepend_layer_axis(self.layers)
+    self.final_norm = RMSNorm(cfg.hidden_size, cfg)
+    if not cfg.tie_word_embeddings:
+      self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), cfg)
+
+  def __call__(self, tokens: jax.Array, positions: jax.Array | None = None,
+               segment_ids: jax.Array | None = None) -> jax.Array:
+    """Returns final-norm hidden states [batch, length, hidden].
+
+    tokens: [B, T] ids. positions: [B, T] RoPE positions (per packed segment;
+    default 0..T-1). segment_ids: [B, T], 0 = padding (default all 1).
+    """
+    cfg = self.cfg
+    if positions is None:
+      positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    if segment_ids is None:
+      segment_ids = jnp.ones_like(tokens)
+    x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.compute_dtype)
+    x = constrain(x, ("batch", "length", "embed"))
+    cos, sin = rope_tables(positions, cfg)
+    info = attention_lib.MaskInfo(segment_ids, segment_ids, 0)
+    x = self._run_layers(x, cos, sin, info)
+    return self.final_norm(x)
+
+  def _run_layers(self, x, cos, sin, info) -> jax.Array:
+    graphdef, state = nnx.split(self.layers)
+
+    def body(carry, layer_state):
+      layer = nnx.merge(graphdef, layer_state)
+      return layer(carry, cos, sin, info), None
+
+    if self.cfg.remat_policy != "none":
+      body = jax.checkpoint(body, policy=_remat_policy(self.cfg.remat_policy),
+                            prevent_cse=not self.cfg.scan_layers)
+    if self.cfg.scan_layers:
+      x, _ = jax.lax.scan(body, x, state)
+      return x
+    for i in range(self.cfg.num_layers):
+      x, _ = body(x, jax.tree.map(lambda a, i=i: a[i], state))
+    return x
+
+  def head_weight(self) -> jax.Array:
+    """The [hidden, vocab] output projection in compute dtype."""
+    if self.cfg.tie_word_embeddings:
+      return self.embed[...].astype(self.cfg.compute_dtype).T
+    return self.lm_head[...].astype(self.cfg.compute_dtype)
+
+  def logits(self, hidden: jax.Array) -> jax.Array:
+    """Full-vocabulary logits in fp32: [batch, length, vocab]."""
+    out = jnp.einsum("btd,dv->btv", hidden, self.head_weight(),
+                     preferred_element_type=jnp.float32)
+    return constrain(out, ("batch", "length", "vocab"))

@@ -1,0 +1,24 @@
+"""Test setup: eight fake CPU devices, created before jax is imported."""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+os.environ.setdefault("TPU_LOG_DIR", os.path.join(os.path.dirname(__file__), "..", ".tpu_logs"))
+
+import pathlib  # noqa: E402
+
+import pytest  # noqa: E402
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+SHARED_HELPSTEER2 = REPO_ROOT.parent / "shared" / "data" / "helpsteer2" / "train_first100.jsonl"
+
+
+@pytest.fixture(scope="session")
+def helpsteer2_sample() -> pathlib.Path:
+  """The first 100 real HelpSteer2 rows, when the shared data is present."""
+  if not SHARED_HELPSTEER2.exists():
+    pytest.skip(f"real HelpSteer2 sample not found at {SHARED_HELPSTEER2}")
+  return SHARED_HELPSTEER2
