@@ -1,0 +1,330 @@
+"""Hugging Face checkpoint import / export for Llama, Mistral and Qwen2.
+
+Import streams a safetensors checkpoint onto a device mesh one tensor (and
+for stacked layer parameters one layer) at a time, so the host never holds
+more than one layer's tensor and every parameter is born sharded. Export
+gathers one layer of one parameter at a time and streams it into
+safetensors files that `transformers.AutoModelForCausalLM` loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import os
+import shutil
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from helpsteer_jax import sharding as sharding_lib
+from helpsteer_jax.models import builder
+from helpsteer_jax.models import safetensors_io as st
+from helpsteer_jax.models.config import ModelConfig
+from helpsteer_jax.models.hf_config import (
+    ARCHITECTURES, UnsupportedCheckpointError, config_from_hf, config_to_hf,
+    generation_config, read_hf_config)
+from helpsteer_jax.models.llama import Llama
+
+__all__ = [
+    "ARCHITECTURES", "CheckpointError", "ParamMapping", "TOKENIZER_FILES",
+    "UnsupportedCheckpointError", "config_from_hf", "config_to_hf",
+    "copy_tokenizer_files", "generation_config", "hf_tensor_names",
+    "load_hf_model", "load_hf_state", "load_tokenizer", "param_mappings",
+    "read_hf_config", "save_hf_model",
+]
+
+logger = logging.getLogger(__name__)
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+                   "special_tokens_map.json", "added_tokens.json", "vocab.json",
+                   "merges.txt", "chat_template.jinja", "chat_template.json")
+
+
+class CheckpointError(ValueError):
+  """A checkpoint tensor is missing or has an unexpected shape."""
+
+
+# ---------------------------------------------------------------------------
+# Tensor mapping. HF Linear weights are [out, in]; ours are [in, ...out].
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamMapping:
+  """How one of our parameters relates to HF tensors (`{i}` = layer)."""
+
+  path: tuple[str, ...]
+  hf_name: str
+  hf_shape: tuple[int, ...]
+  to_ours: Callable[[np.ndarray], np.ndarray]
+  to_hf: Callable[[np.ndarray], np.ndarray]
+
+  @property
+  def layered(self) -> bool:
+    return "{i}" in self.hf_name
+
+
+def _identity(x: np.ndarray) -> np.ndarray:
+  return x
+
+
+def _transpose(x: np.ndarray) -> np.ndarray:
+  return x.T
+
+
+def param_mappings(cfg: ModelConfig) -> list[ParamMapping]:
+  """Every parameter of `Llama(cfg)` with its HF name, shape and conversion."""
+  d, f, v, hd = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
+  h, k = cfg.num_heads, cfg.num_kv_heads
+  pre = "model.layers.{i}."
+
+  def qkv(name: str, n: int) -> ParamMapping:
+    return ParamMapping(("layers", "attn", name), f"{pre}self_attn.{name}.weight",
+                        (n * hd, d), lambda w: w.T.reshape(d, n, hd),
+                        lambda a: a.reshape(d, n * hd).T)
+
+  def bias(name: str, proj: str, n: int) -> ParamMapping:
+    return ParamMapping(("layers", "attn", name), f"{pre}self_attn.{proj}.bias",
+                        (n * hd,), lambda b: b.reshape(n, hd),
+                        lambda a: a.reshape(n * hd))
+
+  def norm(ours: str, theirs: str) -> ParamMapping:
+    return ParamMapping(("layers", ours, "scale"), f"{pre}{theirs}.weight", (d,),
+                        _identity, _identity)
+
+  def mlp(name: str, shape: tuple[int, int]) -> ParamMapping:
+    return ParamMapping(("layers", "mlp", name), f"{pre}mlp.{name}.weight", shape,
+                        _transpose, _transpose)
+
+  out = [ParamMapping(("embed",), "model.embed_tokens.weight", (v, d),
+                      _identity, _identity),
+         norm("input_norm", "input_layernorm"),
+         qkv("q_proj", h), qkv("k_proj", k), qkv("v_proj", k)]
+  if cfg.attention_bias:
+    out += [bias("q_bias", "q_proj", h), bias("k_bias", "k_proj", k),
+            bias("v_bias", "v_proj", k)]
+  out += [ParamMapping(("layers", "attn", "o_proj"), f"{pre}self_attn.o_proj.weight",
+                       (d, h * hd), lambda w: w.T.reshape(h, hd, d),
+                       lambda a: a.reshape(h * hd, d).T),
+          norm("post_attention_norm", "post_attention_layernorm"),
+          mlp("gate_proj", (f, d)), mlp("up_proj", (f, d)), mlp("down_proj", (d, f)),
+          ParamMapping(("final_norm", "scale"), "model.norm.weight", (d,),
+                       _identity, _identity)]
+  if not cfg.tie_word_embeddings:
+    out.append(ParamMapping(("lm_head",), "lm_head.weight", (v, d),
+                            _transpose, _transpose))
+  return out
+
+
+def hf_tensor_names(cfg: ModelConfig) -> list[str]:
+  """HF tensor names in checkpoint order (embeddings, layer by layer, head)."""
+  return [name for name, _, _ in _hf_order(cfg)]
+
+
+def _hf_order(cfg: ModelConfig) -> list[tuple[str, ParamMapping, int | None]]:
+  maps = param_mappings(cfg)
+  layered = [m for m in maps if m.layered]
+  out = [(m.hf_name, m, None) for m in maps if m.path == ("embed",)]
+  for i in range(cfg.num_layers):
+    out += [(m.hf_name.format(i=i), m, i) for m in layered]
+  out += [(m.hf_name, m, None) for m in maps if not m.layered and m.path != ("embed",)]
+  return out
+
+
+# ---------------------------------------------------------------------------
+# Import.
+
+
+@functools.lru_cache(maxsize=None)
+def _zeros_fn(shape: tuple[int, ...], dtype: Any, sharding: NamedSharding):
+  return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
+
+
+@functools.lru_cache(maxsize=None)
+def _insert_fn(sharding: NamedSharding):
+  def insert(full, layer, i):
+    return jax.lax.dynamic_update_index_in_dim(full, layer.astype(full.dtype), i, 0)
+  return jax.jit(insert, donate_argnums=0, out_shardings=sharding)
+
+
+def _to_device(host: np.ndarray, sharding: NamedSharding) -> jax.Array:
+  return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+
+
+def _check_tensors(reader: st.CheckpointReader, cfg: ModelConfig) -> None:
+  expected = {}
+  for name, m, _ in _hf_order(cfg):
+    expected[name] = m.hf_shape
+  missing = [n for n in expected if n not in reader]
+  if missing:
+    raise CheckpointError(
+        f"Checkpoint {reader.source} is missing tensor {missing[0]!r}"
+        + (f" (and {len(missing) - 1} more: {missing[1:6]})" if len(missing) > 1 else ""))
+  for name, shape in expected.items():
+    got = reader.info(name).shape
+    if got != shape:
+      raise CheckpointError(
+          f"Tensor {name!r} in {reader.file_of(name)} has shape {got}; expected"
+          f" {shape} for this config")
+  ignored = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
+  extra = sorted(set(reader.names()) - set(expected) - ignored)
+  if extra:
+    logger.warning("Ignoring %d checkpoint tensors not used by the model: %s",
+                   len(extra), extra)
+
+
+def load_hf_state(path: str | os.PathLike, cfg: ModelConfig, mesh: Mesh,
+                  rules: sharding_lib.Rules = sharding_lib.DEFAULT_RULES,
+                  ) -> tuple[nnx.GraphDef, nnx.State]:
+  """Reads a safetensors checkpoint into a state sharded on `mesh` by `rules`.
+
+  Tensors are converted to `cfg.param_dtype` one at a time; stacked layer
+  parameters are filled one layer at a time into a sharded buffer.
+  """
+  reader = st.CheckpointReader(path)
+  _check_tensors(reader, cfg)
+  graphdef, abstract = builder.abstract_model(cfg)
+  shardings = dict(nnx.to_flat_state(builder.state_shardings(abstract, mesh, rules)))
+  shapes = {path: tuple(v.shape) for path, v in nnx.to_flat_state(abstract)}
+  dtype = np.dtype(cfg.weight_dtype)
+  values: dict[tuple[str, ...], jax.Array] = {}
+  for m in param_mappings(cfg):
+    target = shardings[m.path]
+    target = target.get_value() if isinstance(target, nnx.Variable) else target
+    if not m.layered:
+      values[m.path] = _to_device(
+          np.asarray(m.to_ours(reader.get(m.hf_name).astype(dtype))), target)
+      continue
+    layer_sharding = NamedSharding(mesh, PartitionSpec(*target.spec[1:]))
+    full = _zeros_fn(shapes[m.path], dtype, target)()
+    for i in range(cfg.num_layers):
+      name = m.hf_name.format(i=i)
+      layer = _to_device(np.asarray(m.to_ours(reader.get(name).astype(dtype))),
+                         layer_sharding)
+      full = _insert_fn(target)(full, layer, np.int32(i))
+    values[m.path] = full
+
+  def fill(keypath, var):
+    return var.replace(values[tuple(k.key for k in keypath)])
+
+  state = jax.tree_util.tree_map_with_path(
+      fill, abstract, is_leaf=lambda x: isinstance(x, nnx.Variable))
+  return graphdef, state
+
+
+def load_hf_model(path: str | os.PathLike, mesh: Mesh | None = None,
+                  rules: sharding_lib.Rules = sharding_lib.DEFAULT_RULES,
+                  **config_overrides: Any) -> Llama:
+  """A sharded `Llama` from a HF checkpoint directory.
+
+  `mesh` defaults to a one-device mesh; `config_overrides` go to
+  `config_from_hf` (e.g. `param_dtype="bfloat16"`, `attention_impl=...`).
+  """
+  if mesh is None:
+    mesh = sharding_lib.make_mesh((1, 1, 1), jax.devices()[:1])
+  cfg = config_from_hf(path, **config_overrides)
+  builder.validate_model_on_mesh(cfg, mesh, rules)
+  graphdef, state = load_hf_state(path, cfg, mesh, rules)
+  return nnx.merge(graphdef, state)
+
+
+# ---------------------------------------------------------------------------
+# Export.
+
+
+@functools.partial(jax.jit, static_argnames=("dtype",))
+def _layer_slice(x: jax.Array, i: jax.Array, dtype: Any) -> jax.Array:
+  return jax.lax.dynamic_index_in_dim(x, i, 0, keepdims=False).astype(dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("dtype",))
+def _cast(x: jax.Array, dtype: Any) -> jax.Array:
+  return x.astype(dtype)
+
+
+def _fetch(x: jax.Array) -> np.ndarray:
+  """The whole array on this host (a collective in multi-process runs)."""
+  if jax.process_count() > 1 and not x.is_fully_addressable:
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(jax.device_get(x))
+
+
+def copy_tokenizer_files(src_dir: str | os.PathLike, out_dir: str | os.PathLike
+                         ) -> list[str]:
+  """Copies the tokenizer files of `src_dir` into `out_dir`; returns names."""
+  found = [n for n in TOKENIZER_FILES if os.path.isfile(os.path.join(src_dir, n))]
+  if not found:
+    raise FileNotFoundError(f"No tokenizer files ({', '.join(TOKENIZER_FILES)})"
+                            f" in {src_dir}")
+  os.makedirs(out_dir, exist_ok=True)
+  for n in found:
+    shutil.copyfile(os.path.join(src_dir, n), os.path.join(out_dir, n))
+  return found
+
+
+def save_hf_model(model: Llama, out_dir: str | os.PathLike, dtype: str = "bfloat16",
+                  max_shard_bytes: int = 5 * 2**30, tokenizer: Any = None) -> list[str]:
+  """Writes `model` as a HF checkpoint; returns the safetensors file names.
+
+  `tokenizer` is an optional directory whose tokenizer files are copied, or
+  an object with `save_pretrained`. Every process must call this (the
+  gathers are collective); only process 0 writes.
+  """
+  cfg = model.cfg
+  hf_config = config_to_hf(cfg, dtype)  # fails early if not representable
+  out_dir = os.fspath(out_dir)
+  np_dtype = np.dtype(jnp.dtype(dtype))
+  params = {path: var.get_value() for path, var in nnx.to_flat_state(nnx.state(model))}
+  order = _hf_order(cfg)
+  sources = {name: (m, i) for name, m, i in order}
+  plans = [st.TensorPlan(name, m.hf_shape, np_dtype) for name, m, _ in order]
+  shards = st.plan_shards(plans, max_shard_bytes)
+  names = st.shard_file_names(len(shards))
+  writer = jax.process_index() == 0
+
+  def produce(plan: st.TensorPlan) -> np.ndarray:
+    m, i = sources[plan.name]
+    x = params[m.path]
+    dev = _cast(x, np_dtype) if i is None else _layer_slice(x, np.int32(i), np_dtype)
+    return m.to_hf(_fetch(dev))
+
+  if writer:
+    os.makedirs(out_dir, exist_ok=True)
+  for fname, shard in zip(names, shards):
+    st.write_file(os.path.join(out_dir, fname), shard, produce, write=writer)
+  if not writer:
+    return names
+  if len(shards) > 1:
+    st.write_index(out_dir, shards, names)
+  for fname, content in (("config.json", hf_config),
+                         ("generation_config.json", generation_config(cfg))):
+    with open(os.path.join(out_dir, fname), "w") as f:
+      json.dump(content, f, indent=2)
+      f.write("\n")
+  if tokenizer is not None:
+    if hasattr(tokenizer, "save_pretrained"):
+      tokenizer.save_pretrained(out_dir)
+    else:
+      copy_tokenizer_files(tokenizer, out_dir)
+  return names
+
+
+def load_tokenizer(path: str | os.PathLike) -> Any:
+  """`AutoTokenizer` from a local directory (or a hub id, passed through)."""
+  import transformers
+  path = os.path.expanduser(os.fspath(path))
+  if os.path.isdir(path):
+    if not any(os.path.isfile(os.path.join(path, n)) for n in TOKENIZER_FILES):
+      raise FileNotFoundError(
+          f"No tokenizer files in {path}: expected one of {TOKENIZER_FILES}."
+          " Copy them from the original checkpoint (copy_tokenizer_files).")
+  elif os.path.exists(path) or path.startswith((os.sep, ".")):
+    raise FileNotFoundError(f"Tokenizer path {path} is not a directory")
+  return transformers.AutoTokenizer.from_pretrained(path)
