@@ -20,6 +20,8 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from helpsteer_jax.errors import ConfigError
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 MeshAxes = str | tuple[str, ...] | None
@@ -40,7 +42,7 @@ DEFAULT_RULES: Rules = (
 )
 
 
-class ShardingConfigError(ValueError):
+class ShardingConfigError(ConfigError):
   """A mesh / model / batch combination that cannot be sharded."""
 
 

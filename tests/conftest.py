@@ -3,8 +3,10 @@
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Tests run tiny models: LLVM's optimisation passes cost more than they save.
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    " --xla_backend_optimization_level=0"
 ).strip()
 os.environ.setdefault("TPU_LOG_DIR", os.path.join(os.path.dirname(__file__), "..", ".tpu_logs"))
 

@@ -53,17 +53,22 @@ def state_shardings(state: nnx.State, mesh: Mesh, rules: sharding_lib.Rules) -> 
 def validate_state_sharding(state: nnx.State, mesh: Mesh, rules: sharding_lib.Rules) -> None:
   """Fails before compiling if any parameter dimension cannot be sharded."""
   checks = []
-  for path, v in jax.tree.leaves_with_path(state, is_leaf=_is_var):
+  for name, v in named_variables(state).items():
     names = v.get_metadata(LOGICAL_AXES) if v.has_metadata(LOGICAL_AXES) else ()
     checks.append(sharding_lib.ShardedArrayCheck(
-        jax.tree_util.keystr(path, simple=True, separator="/"), tuple(v.shape),
-        tuple(names) or (None,) * len(v.shape)))
+        name, tuple(v.shape), tuple(names) or (None,) * len(v.shape)))
   sharding_lib.check_divisible(checks, mesh, rules)
 
 
 def validate_model_on_mesh(cfg: ModelConfig, mesh: Mesh, rules: sharding_lib.Rules) -> None:
   """Fails before compiling if heads, kv heads, mlp, ... cannot be sharded."""
   validate_state_sharding(abstract_model(cfg)[1], mesh, rules)
+
+
+def named_variables(state: nnx.State) -> dict[str, nnx.Variable]:
+  """Variables by slash-separated path, e.g. `layers/attn/q_proj`."""
+  return {jax.tree_util.keystr(path, simple=True, separator="/"): v
+          for path, v in jax.tree.leaves_with_path(state, is_leaf=_is_var)}
 
 
 def count_params(state: nnx.State) -> int:
@@ -85,8 +90,21 @@ def materialize(make: Callable[[], nnx.Module], mesh: Mesh,
     return nnx.state(make())
 
   with jax.set_mesh(mesh):
-    state = jax.jit(init, out_shardings=shardings)()
+    lowered = jax.jit(init, out_shardings=shardings).lower()
+    # Initialisation runs once; on CPU, LLVM optimisation of the many RNG
+    # kernels costs more than it saves.
+    options = _FAST_COMPILE if mesh.devices.flat[0].platform == "cpu" else {}
+    state = lowered.compile(options)()
   return nnx.merge(graphdef, state)
+
+
+_FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+
+def create(cfg: ModelConfig, seed: int = 0) -> Llama:
+  """An unsharded model on the default device (tests, small tools)."""
+  mesh = sharding_lib.make_mesh((1, 1, 1), jax.devices()[:1])
+  return materialize(lambda: Llama(cfg, rngs=nnx.Rngs(seed)), mesh, sharding_lib.DEFAULT_RULES)
 
 
 def init_model(cfg: ModelConfig, mesh: Mesh, rules: sharding_lib.Rules,

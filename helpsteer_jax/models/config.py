@@ -7,6 +7,8 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
+from helpsteer_jax.errors import ConfigError
+
 REMAT_POLICIES = ("none", "full", "save_dots", "save_dots_no_batch")
 ATTENTION_IMPLS = ("xla", "blockwise")
 
@@ -83,7 +85,7 @@ class ModelConfig:
       except TypeError:
         errors.append(f"{name}={getattr(self, name)!r} is not a dtype")
     if errors:
-      raise ValueError("Invalid model config: " + "; ".join(errors))
+      raise ConfigError("Invalid model config: " + "; ".join(errors))
 
   @property
   def compute_dtype(self) -> jnp.dtype:

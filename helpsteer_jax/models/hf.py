@@ -26,6 +26,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.models import builder
 from helpsteer_jax.models import safetensors_io as st
+from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models.config import ModelConfig
 from helpsteer_jax.models.hf_config import (
     ARCHITECTURES, UnsupportedCheckpointError, config_from_hf, config_to_hf,
@@ -47,7 +48,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
                    "merges.txt", "chat_template.jinja", "chat_template.json")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ConfigError):
   """A checkpoint tensor is missing or has an unexpected shape."""
 
 
@@ -325,6 +326,12 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
       raise FileNotFoundError(
           f"No tokenizer files in {path}: expected one of {TOKENIZER_FILES}."
           " Copy them from the original checkpoint (copy_tokenizer_files).")
+    only_sentencepiece = os.path.isfile(os.path.join(path, "tokenizer.model")) and not any(
+        os.path.isfile(os.path.join(path, n)) for n in ("tokenizer.json", "tokenizer_config.json"))
+    if only_sentencepiece:
+      # A bare Llama-style SentencePiece model: AutoTokenizer cannot tell its
+      # class and would drop SentencePiece's dummy prefix space.
+      return transformers.LlamaTokenizer.from_pretrained(path)
   elif os.path.exists(path) or path.startswith((os.sep, ".")):
     raise FileNotFoundError(f"Tokenizer path {path} is not a directory")
   return transformers.AutoTokenizer.from_pretrained(path)

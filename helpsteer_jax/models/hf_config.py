@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
+from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models.config import ModelConfig, RopeScaling
 
 logger = logging.getLogger(__name__)
@@ -18,7 +19,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen2": "Qwen2ForCausalLM"}
 
 
-class UnsupportedCheckpointError(ValueError):
+class UnsupportedCheckpointError(ConfigError):
   """A HF config asks for something this model does not implement."""
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models.config import ModelConfig, RopeScaling
 
 _LLAMA2 = dict(vocab_size=32000, rms_norm_eps=1e-5, rope_theta=10000.0,
@@ -17,7 +18,7 @@ _LLAMA3_1 = dict(_LLAMA3, rope_scaling=RopeScaling(),
 
 PRESETS: dict[str, dict[str, Any]] = {
     # A few-layer model for tests and the CPU demo.
-    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=176,
+    "tiny": dict(vocab_size=1024, hidden_size=64, intermediate_size=176,
                  num_layers=2, num_heads=4, num_kv_heads=2,
                  max_position_embeddings=2048),
     # ~100M-parameter Llama used by the CPU benchmarks.
@@ -62,6 +63,6 @@ PRESETS: dict[str, dict[str, Any]] = {
 def get_preset(name: str, **overrides: Any) -> ModelConfig:
   """Returns the `ModelConfig` of a named preset, with `overrides` applied."""
   if name not in PRESETS:
-    raise ValueError(
+    raise ConfigError(
         f"Unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
   return ModelConfig(**{**PRESETS[name], **overrides})

@@ -1,0 +1,84 @@
+"""Config pieces shared by every task file in `configs/`.
+
+Task files build their `ConfigDict` from these so that model, mesh and
+sharding settings are spelled the same way everywhere, and so that every
+field exists (ml-collections rejects command-line keys that do not).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import ml_collections
+from ml_collections.config_dict import placeholder
+
+from helpsteer_jax import sharding as sharding_lib
+from helpsteer_jax.models.config import ModelConfig
+from helpsteer_jax.models.presets import get_preset
+
+# ModelConfig fields a user may override from the command line.
+_SHAPE_FIELDS = {
+    "vocab_size": int, "hidden_size": int, "intermediate_size": int,
+    "num_layers": int, "num_heads": int, "num_kv_heads": int, "head_dim": int,
+    "max_position_embeddings": int, "rope_theta": float, "rms_norm_eps": float,
+    "tie_word_embeddings": bool,
+}
+
+
+def model_config(preset: str = "tiny", **knobs: Any) -> ml_collections.ConfigDict:
+  """The `config.model` section: a preset or an HF directory, plus knobs."""
+  cfg = ml_collections.ConfigDict()
+  cfg.preset = preset
+  cfg.hf_path = ""  # a local HF directory (or hub id) to import weights from
+  cfg.dtype = "float32"
+  cfg.param_dtype = "float32"
+  cfg.remat_policy = "none"
+  cfg.scan_layers = True
+  cfg.attention_impl = "blockwise"
+  cfg.attention_block_size = 128
+  for name, typ in _SHAPE_FIELDS.items():
+    setattr(cfg, name, placeholder(typ))
+  cfg.update(knobs)
+  return cfg
+
+
+def mesh_config(data: int = 1, fsdp: int = -1, tensor: int = 1) -> ml_collections.ConfigDict:
+  """The `config.mesh` section: sizes of the data / fsdp / tensor axes."""
+  return ml_collections.ConfigDict(dict(data=data, fsdp=fsdp, tensor=tensor))
+
+
+def base_config(task: str) -> ml_collections.ConfigDict:
+  """Fields every task has."""
+  cfg = ml_collections.ConfigDict()
+  cfg.task = task
+  cfg.seed = 0
+  cfg.model = model_config()
+  cfg.mesh = mesh_config()
+  cfg.sharding_rules = tuple(sharding_lib.DEFAULT_RULES)
+  cfg.tokenizer = ""  # HF tokenizer directory; "" = the model's or the demo one
+  return cfg
+
+
+def build_model_config(model_cfg: ml_collections.ConfigDict,
+                       base: ModelConfig | None = None) -> ModelConfig:
+  """`ModelConfig` from the preset (or `base`, e.g. read from an HF dir) + knobs."""
+  overrides = {
+      "dtype": model_cfg.dtype,
+      "param_dtype": model_cfg.param_dtype,
+      "remat_policy": model_cfg.remat_policy,
+      "scan_layers": model_cfg.scan_layers,
+      "attention_impl": model_cfg.attention_impl,
+      "attention_block_size": model_cfg.attention_block_size,
+  }
+  for name in _SHAPE_FIELDS:
+    value = model_cfg.get(name)
+    if value is not None:
+      overrides[name] = value
+  if base is not None:
+    return dataclasses.replace(base, **overrides)
+  return get_preset(model_cfg.preset, **overrides)
+
+
+def rules_from_config(cfg: ml_collections.ConfigDict) -> sharding_lib.Rules:
+  return sharding_lib.normalize_rules(cfg.sharding_rules)

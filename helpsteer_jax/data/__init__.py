@@ -1,0 +1,1 @@
+"""Data: readers, the SteerLM template, tokenization, packing, pipelines."""

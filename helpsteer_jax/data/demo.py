@@ -1,0 +1,194 @@
+"""A small HelpSteer-format dataset whose attributes follow from the text.
+
+The rows are generated deterministically from a seed (no downloads, no
+external text) so that the default runs can demonstrate the method:
+- verbosity is the response length (1, 2, 3, 5 or 7 sentences);
+- correctness is whether the answer (one-digit arithmetic, a capital city, a
+  count of listed items) is right;
+- coherence drops when a sentence is garbled (words shuffled / repeated);
+- complexity is the register: plain words (1) or technical phrasing (3);
+- helpfulness combines correctness and coherence.
+Each attribute can therefore be learned from the text by a small model, and
+an AC-SFT model trained on it can be steered (e.g. verbosity -> length).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import pathlib
+from typing import Iterator
+
+import numpy as np
+
+ATTRIBUTES = ("helpfulness", "correctness", "coherence", "complexity", "verbosity")
+SENTENCES_PER_VERBOSITY = (1, 2, 3, 5, 7)
+TURN_USER = "\n<extra_id_1>User\n"
+TURN_ASSISTANT = "\n<extra_id_1>Assistant\n"
+
+CAPITALS = (
+    ("France", "Paris"), ("Italy", "Rome"), ("Spain", "Madrid"),
+    ("Germany", "Berlin"), ("Japan", "Tokyo"), ("Egypt", "Cairo"),
+    ("Kenya", "Nairobi"), ("Peru", "Lima"), ("Canada", "Ottawa"),
+    ("Norway", "Oslo"), ("Greece", "Athens"), ("Chile", "Santiago"),
+    ("Poland", "Warsaw"), ("Cuba", "Havana"), ("Ireland", "Dublin"),
+    ("Austria", "Vienna"),
+)
+CATEGORIES = {
+    "fruits": ("apple", "banana", "cherry", "grape", "lemon", "mango", "pear", "plum"),
+    "colors": ("red", "blue", "green", "yellow", "purple", "orange", "white", "black"),
+    "animals": ("cat", "dog", "horse", "rabbit", "tiger", "whale", "eagle", "frog"),
+    "tools": ("hammer", "saw", "drill", "wrench", "ladder", "shovel", "brush", "rake"),
+}
+NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+# Filler sentences by topic and register (plain, technical). Placeholders are
+# filled from the example; each list is long enough for verbosity 4.
+FILLERS = {
+    "math": (
+        ("Start with {a}.", "Begin with the first operand, {a}."),
+        ("Then count on by {b}.", "Apply the operation with the second operand, {b}."),
+        ("You can check it on your fingers.", "The result can be verified by the inverse operation."),
+        ("Small sums like this come up every day.", "Such elementary operations underpin all of arithmetic."),
+        ("It is a quick thing to work out.", "The computation requires a single step of evaluation."),
+        ("Writing it down can help.", "Expressing it symbolically clarifies the structure."),
+        ("So that is the result.", "Hence the evaluation is complete."),
+    ),
+    "capital": (
+        ("{country} is a country with a long history.", "{country} is a sovereign state with an extensive historical record."),
+        ("Its capital is its largest center of government.", "The capital hosts the principal institutions of the national government."),
+        ("Many people visit it every year.", "It attracts a substantial volume of international tourism."),
+        ("The city has famous old buildings.", "The city exhibits notable architectural heritage."),
+        ("It is a busy and lively place.", "It functions as a dense economic and cultural hub."),
+        ("You can find it on any map.", "Its location is documented in standard cartographic references."),
+        ("That is the capital you asked about.", "This constitutes the answer to the geographical query."),
+    ),
+    "list": (
+        ("These are all common {category}.", "Each item belongs to the category of {category}."),
+        ("You can see them in many places.", "They are observed across a wide range of environments."),
+        ("People know them well.", "They are widely recognized in general knowledge."),
+        ("Each one is a little different.", "The members of the set differ in their characteristics."),
+        ("There are many more to choose from.", "The category admits numerous additional members."),
+        ("I hope this list is useful.", "This enumeration should satisfy the request."),
+        ("That makes the list complete.", "The enumeration is therefore complete."),
+    ),
+}
+
+
+def _sentences_for(topic: str, answer: str, fmt: dict, verbosity: int,
+                   technical: bool, rng: np.random.RandomState) -> list[str]:
+  n = SENTENCES_PER_VERBOSITY[verbosity]
+  pool = FILLERS[topic]
+  order = list(range(len(pool)))
+  extras = [pool[i][int(technical)].format(**fmt) for i in sorted(rng.permutation(order)[: n - 1])]
+  # The answer sentence comes first, so every response answers at once.
+  return [answer] + extras
+
+
+def _garble(sentence: str, rng: np.random.RandomState) -> str:
+  words = sentence.rstrip(".").split()
+  if len(words) < 3 or rng.rand() < 0.5:
+    i = rng.randint(len(words))
+    words = words[: i + 1] + [words[i]] * 3 + words[i + 1:]
+  else:
+    words = list(rng.permutation(words))
+  return " ".join(words) + "."
+
+
+def _math_item(rng):
+  a, b = rng.randint(1, 10, size=2)
+  op = rng.choice(["plus", "times"])
+  truth = a + b if op == "plus" else a * b
+  prompt = rng.choice([f"What is {a} {op} {b}?", f"Compute {a} {op} {b}.",
+                       f"How much is {a} {op} {b}?"])
+  return prompt, "math", truth, dict(a=a, b=b, op=op)
+
+
+def _capital_item(rng):
+  country, capital = CAPITALS[rng.randint(len(CAPITALS))]
+  prompt = rng.choice([f"What is the capital of {country}?",
+                       f"Which city is the capital of {country}?"])
+  return prompt, "capital", capital, dict(country=country)
+
+
+def _list_item(rng):
+  category = rng.choice(sorted(CATEGORIES))
+  k = rng.randint(2, 6)
+  prompt = rng.choice([f"Name {NUMBER_WORDS[k]} {category}.",
+                       f"List {NUMBER_WORDS[k]} {category}, please."])
+  return prompt, "list", k, dict(category=category)
+
+
+def _answer(topic, truth, fmt, correct, rng) -> str:
+  if topic == "math":
+    value = truth if correct else truth + int(rng.choice([-3, -2, -1, 1, 2, 4]))
+    return f"{fmt['a']} {fmt['op']} {fmt['b']} is {value}."
+  if topic == "capital":
+    others = [c for _, c in CAPITALS if c != truth]
+    city = truth if correct else others[rng.randint(len(others))]
+    return f"The capital of {fmt['country']} is {city}."
+  items = list(CATEGORIES[fmt["category"]])
+  k = truth if correct else truth + int(rng.choice([-1, 1, 2]))
+  chosen = [items[i] for i in rng.permutation(len(items))[:k]]
+  return "Here they are: " + ", ".join(chosen) + "."
+
+
+def make_row(rng: np.random.RandomState) -> dict:
+  """One HelpSteer-format row (prompt, response, five 0-4 attributes)."""
+  maker = (_math_item, _capital_item, _list_item)[rng.randint(3)]
+  prompt, topic, truth, fmt = maker(rng)
+  correct = rng.rand() < 0.7
+  verbosity = int(rng.randint(5))
+  technical = bool(rng.rand() < 0.4)
+  garbled = rng.rand() < 0.2
+  sentences = _sentences_for(topic, _answer(topic, truth, fmt, correct, rng), fmt,
+                             verbosity, technical, rng)
+  if garbled:
+    i = rng.randint(len(sentences))
+    sentences[i] = _garble(sentences[i], rng)
+  correctness = 4 if correct else 0
+  coherence = 1 if garbled else 4
+  helpfulness = int(round((2 * correctness + coherence) / 3 - (1 if verbosity == 4 else 0)))
+  row = dict(prompt=str(prompt), response=" ".join(sentences),
+             helpfulness=max(0, min(4, helpfulness)), correctness=correctness,
+             coherence=coherence, complexity=3 if technical else 1,
+             verbosity=verbosity)
+  if rng.rand() < 0.2:  # multi-turn, HelpSteer2 style: turns inside `prompt`
+    first_prompt, topic0, truth0, fmt0 = _math_item(rng)
+    first_answer = _answer(topic0, truth0, fmt0, True, rng)
+    row["prompt"] = str(first_prompt) + TURN_ASSISTANT + first_answer + TURN_USER + prompt
+  return row
+
+
+def demo_rows(num_rows: int, seed: int) -> list[dict]:
+  rng = np.random.RandomState(seed)
+  return [make_row(rng) for _ in range(num_rows)]
+
+
+def heldout_prompts(num_prompts: int = 50, seed: int = 10_000) -> list[str]:
+  """Single-turn prompts from a seed the training split never uses."""
+  rng = np.random.RandomState(seed)
+  return [str((_math_item, _capital_item, _list_item)[i % 3](rng)[0])
+          for i in range(num_prompts)]
+
+
+def write_demo_dataset(out_dir: str | pathlib.Path, num_train: int = 2000,
+                       num_validation: int = 200, seed: int = 0) -> pathlib.Path:
+  """Writes `train.jsonl.gz` and `validation.jsonl.gz` as HelpSteer2 ships them."""
+  out = pathlib.Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  for split, n, s in (("train", num_train, seed), ("validation", num_validation, seed + 1)):
+    path = out / f"{split}.jsonl.gz"
+    tmp = path.with_suffix(".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8") as f:
+      for row in demo_rows(n, s):
+        f.write(json.dumps(row) + "\n")
+    tmp.replace(path)
+  return out
+
+
+def corpus(num_rows: int = 3000, seed: int = 0) -> Iterator[str]:
+  """Texts for training the demo tokenizer (prompts and responses)."""
+  for row in demo_rows(num_rows, seed):
+    yield row["prompt"]
+    yield row["response"]

@@ -1,0 +1,23 @@
+"""Errors the user can act on (printed without a traceback by the CLI)."""
+
+from __future__ import annotations
+
+
+class HelpsteerError(Exception):
+  """Base class: the message says what is wrong and what to change."""
+
+
+class ConfigError(HelpsteerError, ValueError):
+  """A configuration that cannot work (found before compiling)."""
+
+
+class DataError(HelpsteerError, ValueError):
+  """A malformed input record; names the file and line."""
+
+  def __init__(self, path: str, line: int | None, reason: str):
+    self.path, self.line, self.reason = str(path), line, reason
+    where = f"{self.path}:{line}" if line is not None else self.path
+    super().__init__(f"{where}: {reason}")
+
+  def __reduce__(self):
+    return (type(self), (self.path, self.line, self.reason))

@@ -1,0 +1,84 @@
+"""Command-line entry point.
+
+python -m helpsteer_jax.main --config=configs/<task>.py[:preset] \
+    [--config.key=value ...] [--workdir=DIR]
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from helpsteer_jax.errors import HelpsteerError
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Task config file, optionally with ':preset'.", lock_config=True)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Directory for checkpoints, logs and outputs"
+    " (default: config.workdir, else ./workdir/<task>).")
+
+
+def _fail(message: str) -> None:
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
+def _unknown_key_hint(argv: list[str]) -> str:
+  """Names the first `--config.a.b` override whose key does not exist."""
+  spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  if spec is None:
+    return ""
+  path, _, preset = spec.partition(":")
+  try:
+    module = runpy.run_path(path)
+    config = module["get_config"](preset) if preset else module["get_config"]()
+  except Exception:  # the config file itself is broken: absl's message says why
+    return ""
+  for arg in argv:
+    if not arg.startswith("--config."):
+      continue
+    keys = arg[len("--config."):].split("=", 1)[0].split(".")
+    node = config
+    for depth, key in enumerate(keys):
+      if not hasattr(node, "keys") or key not in node:
+        where = "config." + ".".join(keys[:depth]) if depth else "config"
+        valid = ", ".join(sorted(node.keys())) if hasattr(node, "keys") else "(not a section)"
+        return f"unknown key {'.'.join(keys)!r}: {where} has keys {valid}"
+      node = node[key]
+  return ""
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl flag parsing that turns config errors into one readable message."""
+  try:
+    return flags.FLAGS(argv)
+  except (flags.Error, AttributeError, KeyError, ValueError, TypeError) as e:
+    hint = _unknown_key_hint(argv)
+    _fail(hint or str(e).strip("'\"").replace("\\n", "\n").replace("\\'", "'"))
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  from helpsteer_jax import tasks
+  config = _CONFIG.value
+  if config is None:
+    _fail("--config=configs/<task>.py[:preset] is required")
+  try:
+    task = tasks.get_task(config.task)
+    workdir = _WORKDIR.value or config.get("workdir") or f"workdir/{config.task}"
+    logging.info("task=%s workdir=%s", config.task, workdir)
+    task.run(config, workdir)
+  except HelpsteerError as e:
+    _fail(str(e))
+
+
+def run() -> None:
+  app.run(main, flags_parser=_parse_flags)
+
+
+if __name__ == "__main__":
+  run()

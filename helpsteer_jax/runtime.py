@@ -1,0 +1,61 @@
+"""Process-level setup shared by tasks: mesh, rules, model construction."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import jax
+import ml_collections
+from absl import logging
+from jax.sharding import Mesh
+
+from helpsteer_jax import config_base
+from helpsteer_jax import sharding as sharding_lib
+from helpsteer_jax.models import builder
+from helpsteer_jax.models.config import ModelConfig
+from helpsteer_jax.models.llama import Llama
+
+
+@dataclasses.dataclass
+class Runtime:
+  mesh: Mesh
+  rules: sharding_lib.Rules
+
+
+def setup(config: ml_collections.ConfigDict) -> Runtime:
+  """Builds the device mesh and sharding rules (fails early on bad sizes)."""
+  rules = config_base.rules_from_config(config)
+  mesh = sharding_lib.make_mesh((config.mesh.data, config.mesh.fsdp, config.mesh.tensor))
+  logging.info("mesh %s over %d %s devices (%d processes)", dict(mesh.shape),
+               mesh.size, jax.devices()[0].platform, jax.process_count())
+  return Runtime(mesh, rules)
+
+
+def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
+  """The model config: from `model.hf_path`'s config.json or the preset."""
+  if config.model.hf_path:
+    from helpsteer_jax.models import hf
+    return config_base.build_model_config(config.model, hf.config_from_hf(config.model.hf_path))
+  return config_base.build_model_config(config.model)
+
+
+def build_model(config: ml_collections.ConfigDict, rt: Runtime) -> Llama:
+  """The sharded model: imported from `model.hf_path` or randomly initialised."""
+  cfg = model_config(config)
+  builder.validate_model_on_mesh(cfg, rt.mesh, rt.rules)
+  if config.model.hf_path:
+    from flax import nnx
+    from helpsteer_jax.models import hf
+    return nnx.merge(*hf.load_hf_state(config.model.hf_path, cfg, rt.mesh, rt.rules))
+  return builder.init_model(cfg, rt.mesh, rt.rules, seed=config.seed)
+
+
+def tokenizer_dir(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> str:
+  """`config.tokenizer`, else the model's HF directory, else the demo tokenizer."""
+  if config.tokenizer:
+    return config.tokenizer
+  if config.model.hf_path:
+    return config.model.hf_path
+  from helpsteer_jax.data import demo_tokenizer
+  return str(demo_tokenizer.build_demo_tokenizer(pathlib.Path(workdir) / "demo_tokenizer"))

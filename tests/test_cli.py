@@ -1,0 +1,69 @@
+"""The command-line entry point: dispatch, config overrides and errors."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from cli_utils import run_main
+from helpsteer_jax.data import demo_tokenizer
+
+
+def test_model_smoke_default_runs(tmp_path):
+  proc = run_main("--config=configs/model_smoke.py", f"--workdir={tmp_path}",
+                  "--config.mesh.data=2", "--config.mesh.tensor=2")
+  summary = json.loads((tmp_path / "model_smoke.json").read_text())
+  assert summary["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
+  assert summary["num_params"] > 0
+  assert "P(None, 'fsdp', 'tensor', None)" in summary["params"]["layers/attn/q_proj"]
+  assert "parameters:" in proc.stdout
+
+
+def test_model_smoke_imports_hf_directory(tmp_path):
+  """An HF Llama made by transformers: our top next token equals PyTorch's."""
+  tok_dir = demo_tokenizer.build_demo_tokenizer(tmp_path / "tok")
+  tok = transformers.AutoTokenizer.from_pretrained(tok_dir)
+  torch.manual_seed(0)
+  cfg = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                                 num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2)
+  model = transformers.LlamaForCausalLM(cfg).eval()
+  model.save_pretrained(tmp_path / "hf")
+  tok.save_pretrained(tmp_path / "hf")
+  prompt = "What is the capital of France?"
+  with torch.no_grad():
+    logits = model(torch.tensor([tok(prompt).input_ids])).logits[0, -1].numpy()
+  run_main("--config=configs/model_smoke.py", f"--workdir={tmp_path / 'w'}",
+           f"--config.model.hf_path={tmp_path / 'hf'}", f"--config.prompt={prompt}",
+           "--config.mesh.fsdp=4", "--config.mesh.tensor=2")
+  summary = json.loads((tmp_path / "w" / "model_smoke.json").read_text())
+  assert summary["top_next_tokens"][0] == tok.decode([int(np.argmax(logits))])
+  assert summary["num_params"] == sum(p.numel() for p in model.parameters())
+
+
+def test_unknown_config_key_lists_valid_keys():
+  proc = run_main("--config=configs/model_smoke.py", "--config.model.num_layerz=3", check=False)
+  assert proc.returncode == 2
+  assert "unknown key 'model.num_layerz'" in proc.stderr
+  assert "num_layers" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_unknown_task_lists_valid_tasks():
+  proc = run_main("--config=configs/model_smoke.py", "--config.task=nope", check=False)
+  assert proc.returncode == 2
+  assert "Unknown task 'nope'; valid tasks: " in proc.stderr
+  assert "model_smoke" in proc.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--config.mesh.data=3"], "not divisible by the fixed axes' product 3"),
+    (["--config.mesh.tensor=4"], "kv_heads=2 is not divisible by mesh axes 'tensor' (4 shards)"),
+    (["--config.batch_size=6"], "batch size 6 is not divisible by the 8 batch shards"),
+])
+def test_impossible_configs_fail_before_compiling(args, message):
+  proc = run_main("--config=configs/model_smoke.py", *args, check=False)
+  assert proc.returncode == 2, proc.stderr
+  assert message in proc.stderr
+  assert "Traceback" not in proc.stderr

@@ -1,0 +1,142 @@
+"""Decoder behaviour: attention kernels, packing, scan/remat, dtypes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from helpsteer_jax import sharding
+from helpsteer_jax.models import attention, builder, presets
+
+
+def _model(**overrides):
+  return builder.create(presets.get_preset("tiny", **overrides))
+
+
+def _with_cfg(model, **changes):
+  """The same weights under a different ModelConfig (e.g. another kernel)."""
+  other = _model(**changes)
+  nnx.update(other, nnx.state(model))
+  return other
+
+
+def _packed_inputs(batch=2, length=48, seed=0):
+  rng = np.random.RandomState(seed)
+  tokens = rng.randint(0, 1024, (batch, length)).astype(np.int32)
+  # Row 0: two packed segments then padding; row 1: one segment, left padded.
+  seg = np.zeros((batch, length), np.int32)
+  seg[0, :20], seg[0, 20:40] = 1, 2
+  seg[1, 8:] = 1
+  pos = np.zeros_like(seg)
+  for b in range(batch):
+    for s in np.unique(seg[b][seg[b] > 0]):
+      idx = np.where(seg[b] == s)[0]
+      pos[b, idx] = np.arange(len(idx))
+  return jnp.asarray(tokens), jnp.asarray(pos), jnp.asarray(seg)
+
+
+def _reference_attention(q, k, v, seg):
+  """Dense softmax attention in NumPy-style jnp, with repeat_kv as in HF."""
+  rep = q.shape[2] // k.shape[2]
+  k, v = jnp.repeat(k, rep, axis=2), jnp.repeat(v, rep, axis=2)
+  t = q.shape[1]
+  scores = jnp.einsum("bthd,bshd->bhts", q, k) / np.sqrt(q.shape[-1])
+  mask = (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] > 0) & (
+      jnp.arange(t)[:, None] >= jnp.arange(t)[None, :])
+  scores = jnp.where(mask[:, None], scores, -1e30)
+  return jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(scores, -1), v)
+
+
+@pytest.mark.parametrize("impl,block", [("xla", 0), ("blockwise", 16), ("blockwise", 48), ("blockwise", 20)])
+def test_attention_kernels_match_reference_forward_and_gradient(impl, block):
+  key = jax.random.split(jax.random.key(1), 3)
+  q = jax.random.normal(key[0], (2, 48, 4, 8))
+  k = jax.random.normal(key[1], (2, 48, 2, 8))
+  v = jax.random.normal(key[2], (2, 48, 2, 8))
+  _, _, seg = _packed_inputs()
+  info = attention.MaskInfo(seg, seg, 0)
+  valid = (seg > 0)[:, :, None, None]
+
+  def loss(fn, q, k, v):
+    return jnp.sum((fn(q, k, v) * valid) ** 2)
+
+  ours = lambda q, k, v: attention.attention(q, k, v, info, impl, block)
+  ref = lambda q, k, v: _reference_attention(q, k, v, seg)
+  np.testing.assert_allclose(jax.jit(ours)(q, k, v) * valid, ref(q, k, v) * valid, atol=1e-5)
+  g_ours = jax.jit(jax.grad(lambda *a: loss(ours, *a), argnums=(0, 1, 2)))(q, k, v)
+  g_ref = jax.jit(jax.grad(lambda *a: loss(ref, *a), argnums=(0, 1, 2)))(q, k, v)
+  for a, b in zip(g_ours, g_ref):
+    np.testing.assert_allclose(a, b, atol=2e-4, rtol=1e-4)
+
+
+def test_packed_segments_equal_separate_sequences():
+  model = _model(attention_impl="blockwise", attention_block_size=16)
+  tokens, pos, seg = _packed_inputs()
+  forward = nnx.jit(lambda m, *args: m(*args))
+  packed = forward(model, tokens, pos, seg)
+  for start, stop in ((0, 20), (20, 40)):
+    alone = forward(model, tokens[:1, start:stop])
+    np.testing.assert_allclose(packed[0, start:stop], alone[0], atol=1e-5)
+  # Left padding does not change the real tokens' states.
+  alone = forward(model, tokens[1:, 8:])
+  np.testing.assert_allclose(packed[1, 8:], alone[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("changes", [
+    dict(scan_layers=False),
+    dict(remat_policy="full"),
+    dict(remat_policy="save_dots"),
+    dict(remat_policy="save_dots_no_batch", scan_layers=False),
+    dict(attention_impl="xla"),
+])
+def test_execution_knobs_do_not_change_results(changes):
+  knobs = dict(attention_impl="blockwise", attention_block_size=16)
+  base = _model(**knobs)
+  other = _with_cfg(base, **{**knobs, **changes})
+  tokens, pos, seg = _packed_inputs()
+
+  def loss(m):
+    h = m(tokens, pos, seg)
+    return jnp.sum(m.logits(h) * (seg > 0)[..., None]) / 100
+
+  l1, g1 = nnx.jit(nnx.value_and_grad(loss))(base)
+  l2, g2 = nnx.jit(nnx.value_and_grad(loss))(other)
+  np.testing.assert_allclose(l1, l2, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_bf16_compute_with_fp32_master_weights():
+  model = _model(dtype="bfloat16", param_dtype="float32")
+  tokens, pos, seg = _packed_inputs()
+  forward = nnx.jit(lambda m, *args: m(*args))
+  hidden = forward(model, tokens, pos, seg)
+  assert hidden.dtype == jnp.bfloat16
+  assert model.logits(hidden).dtype == jnp.float32
+  assert model.layers.attn.q_proj[...].dtype == jnp.float32
+  ref = forward(_with_cfg(model), tokens, pos, seg)
+  valid = (seg > 0)[..., None]
+  err = jnp.max(jnp.abs((hidden.astype(jnp.float32) - ref) * valid))
+  assert err < 0.1 * jnp.max(jnp.abs(ref)), err
+
+
+def test_forward_under_mesh_constrains_activations():
+  mesh = sharding.make_mesh((2, 2, 2))
+  model = _model(attention_impl="blockwise", attention_block_size=16)
+  tokens, pos, seg = _packed_inputs(batch=4)
+  graphdef, state = nnx.split(model)
+
+  @jax.jit
+  def fwd(state, tokens, pos, seg):
+    m = nnx.merge(graphdef, state)
+    return m(tokens, pos, seg)
+
+  expected = fwd(state, tokens, pos, seg)
+  state = jax.device_put(state, jax.NamedSharding(mesh, jax.P()))
+  with jax.set_mesh(mesh), sharding.axis_rules(sharding.DEFAULT_RULES):
+    spec = sharding.batch_spec(sharding.DEFAULT_RULES)
+    args = [jax.device_put(x, jax.NamedSharding(mesh, spec)) for x in (tokens, pos, seg)]
+    out = fwd(state, *args)
+  assert out.sharding.spec[0] == ("data", "fsdp")
+  np.testing.assert_allclose(out, expected, atol=1e-5)

@@ -1,0 +1,53 @@
+"""Preset shapes against published parameter counts (abstract evaluation only)."""
+
+import time
+
+import pytest
+
+from helpsteer_jax.models import builder, presets
+
+# Published totals (model cards / HF safetensors metadata), in parameters.
+PUBLISHED = {
+    "llama2_7b": 6.74e9,
+    "llama2_13b": 13.02e9,
+    "llama2_70b": 68.98e9,
+    "llama3_8b": 8.03e9,
+    "llama3_70b": 70.55e9,
+    "llama3_1_8b": 8.03e9,
+    "llama3_1_70b": 70.55e9,
+    "mistral_7b": 7.24e9,
+    "qwen2_7b": 7.62e9,
+    "smollm2_135m": 134.5e6,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_parameter_count_matches_published(name):
+  cfg = presets.get_preset(name)
+  start = time.perf_counter()
+  _, state = builder.abstract_model(cfg)
+  count = builder.count_params(state)
+  assert time.perf_counter() - start < 60, "abstract evaluation must not allocate"
+  assert count == cfg.num_params()
+  # Published figures are rounded to the digits given.
+  assert abs(count - PUBLISHED[name]) / PUBLISHED[name] < 0.0015, (name, count)
+
+
+def test_abstract_state_has_no_arrays():
+  _, state = builder.abstract_model(presets.get_preset("llama3_70b"))
+  leaves = [v.get_value() for v in builder.named_variables(state).values()]
+  assert all(type(x).__name__ == "ShapeDtypeStruct" for x in leaves)
+
+
+def test_every_parameter_has_logical_axes():
+  _, state = builder.abstract_model(presets.get_preset("qwen2_7b"))
+  for name, var in builder.named_variables(state).items():
+    axes = var.get_metadata("logical_axes")
+    assert len(axes) == len(var.shape), name
+    if name.startswith("layers/"):
+      assert axes[0] == "layers", name
+
+
+def test_unknown_preset_lists_valid_ones():
+  with pytest.raises(ValueError, match="llama3_8b"):
+    presets.get_preset("llama9_1t")
