@@ -12,6 +12,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from helpsteer_jax import cpu_env
 from helpsteer_jax.errors import HelpsteerError
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -77,6 +78,7 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
+  cpu_env.reexec_with_malloc_tunables()
   app.run(main, flags_parser=_parse_flags)
 
 

@@ -140,3 +140,14 @@ def test_forward_under_mesh_constrains_activations():
     out = fwd(state, *args)
   assert out.sharding.spec[0] == ("data", "fsdp")
   np.testing.assert_allclose(out, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("length", [48, 44])
+def test_chunked_logits_equal_one_matmul(length):
+  model = _model(logits_chunk_size=16)
+  tokens, pos, seg = _packed_inputs(length=48)
+  hidden = nnx.jit(lambda m, t: m(t))(model, tokens[:, :length])
+  chunked = nnx.jit(lambda m, h: m.logits(h))(model, hidden)
+  whole = jnp.einsum("btd,dv->btv", hidden, model.lm_head[...])
+  assert chunked.shape == (2, length, 1024)
+  np.testing.assert_allclose(chunked, whole, atol=1e-5)

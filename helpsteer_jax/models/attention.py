@@ -74,10 +74,9 @@ def _query_blocks(length: int, block: int) -> list[tuple[int, int]]:
   return [(s, min(s + block, length)) for s in range(0, length, block)]
 
 
-def _block_scores(q_blk, k, seg, start, stop, scale):
-  """Masked fp32 scores of queries start:stop against keys 0:stop."""
-  s = jnp.einsum("gtd,sd->gts", q_blk, k[:stop],
-                 preferred_element_type=jnp.float32) * scale
+def _block_scores(q_blk, k, seg, start, stop):
+  """Masked fp32 scores of (pre-scaled) queries start:stop against keys 0:stop."""
+  s = jnp.einsum("gtd,sd->gts", q_blk, k[:stop], preferred_element_type=jnp.float32)
   q_idx = jnp.arange(start, stop)[:, None]
   kv_idx = jnp.arange(stop)[None, :]
   kv_seg = seg[None, :stop]
@@ -86,10 +85,10 @@ def _block_scores(q_blk, k, seg, start, stop, scale):
 
 
 def _group_forward(q, k, v, seg, block):
-  scale = q.shape[-1] ** -0.5
+  """q is pre-scaled by 1/sqrt(head_dim)."""
   outs, lses = [], []
   for start, stop in _query_blocks(q.shape[1], block):
-    s = _block_scores(q[:, start:stop], k, seg, start, stop, scale)
+    s = _block_scores(q[:, start:stop], k, seg, start, stop)
     m = jnp.max(s, axis=-1, keepdims=True)
     p = jnp.exp(s - m)
     l = jnp.sum(p, axis=-1, keepdims=True)
@@ -101,19 +100,19 @@ def _group_forward(q, k, v, seg, block):
 
 
 def _group_backward(q, k, v, seg, out, lse, dout, block):
-  scale = q.shape[-1] ** -0.5
+  """Gradients w.r.t. the pre-scaled q, k and v."""
   delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
   dq = []
   dk = jnp.zeros(k.shape, jnp.float32)
   dv = jnp.zeros(v.shape, jnp.float32)
   for start, stop in _query_blocks(q.shape[1], block):
     q_blk, do_blk = q[:, start:stop], dout[:, start:stop]
-    s = _block_scores(q_blk, k, seg, start, stop, scale)
+    s = _block_scores(q_blk, k, seg, start, stop)
     p = jnp.exp(s - lse[:, start:stop, None])
     dv = dv.at[:stop].add(jnp.einsum("gts,gtd->sd", p.astype(dout.dtype), do_blk,
                                      preferred_element_type=jnp.float32))
     dp = jnp.einsum("gtd,sd->gts", do_blk, v[:stop], preferred_element_type=jnp.float32)
-    ds = (p * (dp - delta[:, start:stop, None]) * scale).astype(q.dtype)
+    ds = (p * (dp - delta[:, start:stop, None])).astype(q.dtype)
     dq.append(jnp.einsum("gts,sd->gtd", ds, k[:stop], preferred_element_type=jnp.float32))
     dk = dk.at[:stop].add(jnp.einsum("gts,gtd->sd", ds, q_blk,
                                      preferred_element_type=jnp.float32))
@@ -154,8 +153,9 @@ def _blockwise(q, k, v, segment_ids, block):
 def _blockwise_fwd(q, k, v, segment_ids, block):
   b, kv_heads = q.shape[0], k.shape[2]
   seg = jnp.repeat(segment_ids, kv_heads, axis=0)
+  q_scaled = _to_groups(q * q.shape[-1] ** -0.5, kv_heads)
   out, lse = jax.lax.map(lambda a: _group_forward(*a, block),
-                         (_to_groups(q, kv_heads), _kv_groups(k), _kv_groups(v), seg))
+                         (q_scaled, _kv_groups(k), _kv_groups(v), seg))
   return _from_groups(out, b), (q, k, v, segment_ids, out, lse)
 
 
@@ -163,11 +163,12 @@ def _blockwise_bwd(block, residuals, dout):
   q, k, v, segment_ids, out, lse = residuals
   b, kv_heads = q.shape[0], k.shape[2]
   seg = jnp.repeat(segment_ids, kv_heads, axis=0)
+  scale = q.shape[-1] ** -0.5
   dq, dk, dv = jax.lax.map(
       lambda a: _group_backward(*a, block),
-      (_to_groups(q, kv_heads), _kv_groups(k), _kv_groups(v), seg, out, lse,
+      (_to_groups(q * scale, kv_heads), _kv_groups(k), _kv_groups(v), seg, out, lse,
        _to_groups(dout, kv_heads)))
-  return (_from_groups(dq, b), _kv_ungroup(dk, b), _kv_ungroup(dv, b),
+  return (_from_groups(dq, b) * scale, _kv_ungroup(dk, b), _kv_ungroup(dv, b),
           np.zeros(segment_ids.shape, jax.dtypes.float0))
 
 

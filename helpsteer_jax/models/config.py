@@ -59,7 +59,8 @@ class ModelConfig:
   remat_policy: str = "none"
   scan_layers: bool = True
   attention_impl: str = "xla"
-  attention_block_size: int = 256
+  attention_block_size: int = 128
+  logits_chunk_size: int = 256  # sequence chunk of `Llama.logits` (0 = one GEMM)
 
   def __post_init__(self):
     if self.head_dim is None:
