@@ -51,3 +51,25 @@ def test_every_parameter_has_logical_axes():
 def test_unknown_preset_lists_valid_ones():
   with pytest.raises(ValueError, match="llama3_8b"):
     presets.get_preset("llama9_1t")
+
+
+def _grad_hlo(cfg):
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+  graphdef, state = builder.abstract_model(cfg)
+
+  def loss(state, tokens):
+    return nnx.merge(graphdef, state)(tokens).astype(jnp.float32).mean()
+
+  tokens = jax.ShapeDtypeStruct((1, 64), jnp.int32)
+  return jax.jit(jax.grad(loss)).lower(state, tokens).compile().as_text()
+
+
+def test_scanned_70b_compiles_one_layer_body():
+  """80 stacked layers compile as one scanned layer: the program size does not grow with depth."""
+  deep = presets.get_preset("llama3_70b", remat_policy="full", dtype="bfloat16")
+  shallow = deep.replace(num_layers=2)
+  deep_hlo, shallow_hlo = _grad_hlo(deep), _grad_hlo(shallow)
+  assert "while" in deep_hlo
+  assert deep_hlo.count(" dot(") == shallow_hlo.count(" dot(")
