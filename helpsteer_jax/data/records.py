@@ -1,0 +1,37 @@
+"""In-memory records: one conversation with its SteerLM attribute labels."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+# NeMo-Aligner's ALL_STEERLM_ATTRIBUTES: OpenAssistant's four, then HelpSteer's five.
+ATTRIBUTES = ("quality", "toxicity", "humor", "creativity", "helpfulness",
+              "correctness", "coherence", "complexity", "verbosity")
+HELPSTEER_ATTRIBUTES = ATTRIBUTES[4:]
+ROLES = ("User", "Assistant")
+MIN_SCORE, MAX_SCORE = 0, 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Turn:
+  """One turn; `label` is the attribute string of an assistant turn (or None)."""
+  role: str
+  text: str
+  label: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Conversation:
+  """A system prompt and its turns, as NeMo's SteerLM chat format holds them.
+
+  `mask_role` is NeMo's "mask": the role whose turns carry no loss.
+  `attributes` are the scores of the last assistant turn (HelpSteer rows, and
+  SteerLM rows whose last turn is a labelled assistant turn), else None.
+  `source` is "path:line" for messages.
+  """
+  system: str
+  turns: tuple[Turn, ...]
+  mask_role: str = "User"
+  attributes: Mapping[str, int] | None = None
+  source: str = ""
