@@ -129,10 +129,19 @@ def serve(conn, run_once, stats=lambda: {}) -> None:
       return
 
 
-def interleaved_worker_times(workers: dict[str, "Worker"], repeats: int) -> dict[str, list[float]]:
+def interleaved_worker_times(workers: dict[str, "Worker"], repeats: int,
+                             settle_seconds: float = 2.0) -> dict[str, list[float]]:
+  """Seconds per timed call of each worker, round after round.
+
+  Before each call the machine is left idle for `settle_seconds`: the
+  worker that ran last keeps its thread pool spinning for a while after its
+  call (OpenMP and Eigen both spin-wait), and on a 2-core machine that
+  spinning would be charged to whichever worker runs next.
+  """
   times: dict[str, list[float]] = {name: [] for name in workers}
   for _ in range(repeats):
     for name, worker in workers.items():
+      time.sleep(settle_seconds)
       times[name].append(worker.run())
   return times
 

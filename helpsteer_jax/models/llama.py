@@ -19,6 +19,7 @@ from helpsteer_jax.models import attention as attention_lib
 from helpsteer_jax.models import kv_cache
 from helpsteer_jax.models.config import ModelConfig
 from helpsteer_jax.models.rope import apply_rope, rope_tables
+from helpsteer_jax.models.swiglu import swiglu
 from helpsteer_jax.sharding import constrain
 
 LOGICAL_AXES = "logical_axes"
@@ -121,10 +122,7 @@ class MLP(nnx.Module):
 
   def __call__(self, x: jax.Array) -> jax.Array:
     dt = self.cfg.compute_dtype
-    gate = x @ _w(self.gate_proj, dt)
-    up = x @ _w(self.up_proj, dt)
-    hidden = constrain(jax.nn.silu(gate) * up, ("batch", "length", "mlp"))
-    return hidden @ _w(self.down_proj, dt)
+    return swiglu(x, _w(self.gate_proj, dt), _w(self.up_proj, dt), _w(self.down_proj, dt))
 
 
 class DecoderLayer(nnx.Module):

@@ -16,6 +16,7 @@ import pathlib
 
 import jax
 import ml_collections
+import numpy as np
 from absl import logging
 from flax import nnx
 
@@ -31,7 +32,7 @@ from helpsteer_jax.losses.bt import BT_VARIANTS, bt_loss
 from helpsteer_jax.losses.regression import regression_loss
 from helpsteer_jax.models import hf, reward
 from helpsteer_jax.tasks import acsft
-from helpsteer_jax.train import loop
+from helpsteer_jax.train import abstract_step, loop
 from helpsteer_jax.train import state as state_lib
 
 LOSSES = ("regression",) + BT_VARIANTS
@@ -115,6 +116,33 @@ def final_evaluation(config, model, rt, tokenizer, val_records) -> tuple[dict, s
   return {"pairs": result}, rm_report.pairs_table("validation pairs", result)
 
 
+def loss_fn(config: ml_collections.ConfigDict) -> loop.LossFn:
+  if config.loss == "regression":
+    return regression_loss
+  return functools.partial(bt_loss, variant=config.loss, attribute=config.bt_attribute)
+
+
+def abstract_train_step(config: ml_collections.ConfigDict,
+                        rt: runtime.Runtime) -> abstract_step.StepSpec:
+  """The attribute-model (or BT) step on abstract weights and batches."""
+  check_config(config)
+  model_cfg = runtime.model_config(config, weights=False)
+  n = config.train.seq_len
+  if config.loss == "regression":  # one conversation, labels at its last token
+    example = {"inputs": np.zeros(n, np.int32),
+               "labels": np.full((n, len(ATTRIBUTES)), rm_data.IGNORE_LABEL, np.float32),
+               "readout": np.zeros(n, np.float32)}
+  else:  # a pair: chosen then rejected in one row
+    half = n // 2
+    example = {"inputs": np.zeros(n, np.int32),
+               "segment_ids": np.repeat(np.asarray([1, 2], np.int32), [half, n - half]),
+               "positions": np.concatenate([np.arange(half), np.arange(n - half)]).astype(np.int32),
+               "pair": np.zeros(n, np.int32), "margin": np.zeros(n, np.float32)}
+  return abstract_step.trainer_step_spec(
+      config, rt, lambda: reward.reward_model(model_cfg, config.seed), loss_fn(config),
+      abstract_step.batch_fields(config, example), reward.flops_per_token(model_cfg, n))
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   workdir = pathlib.Path(workdir)
   check_config(config)
@@ -130,11 +158,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   model = reward_runtime.build_reward_model(config, rt)
   parts = state_lib.split_model(model, rt.mesh, rt.rules)
   del model
-  if config.loss == "regression":
-    loss_fn = regression_loss
-  else:
-    loss_fn = functools.partial(bt_loss, variant=config.loss, attribute=config.bt_attribute)
-  trainer = loop.Trainer(config, workdir, rt, parts, loss_fn, train_features, eval_features,
+  trainer = loop.Trainer(config, workdir, rt, parts, loss_fn(config), train_features,
+                         eval_features,
                          flops_per_token=reward.flops_per_token(model_cfg, config.train.seq_len))
   result = trainer.run()
   trainer.close()

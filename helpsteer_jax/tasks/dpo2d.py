@@ -17,7 +17,9 @@ import pathlib
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from absl import logging
+from flax import nnx
 
 from helpsteer_jax import runtime
 from helpsteer_jax.data import demo_2d, pair_rows, pairs
@@ -26,8 +28,9 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.losses import dpo2d
 from helpsteer_jax.losses.preference import preference_loss
 from helpsteer_jax.models import hf
+from helpsteer_jax.models.llama import Llama
+from helpsteer_jax.train import abstract_step, loop, reference
 from helpsteer_jax.train import checkpoint as ckpt_lib
-from helpsteer_jax.train import loop, reference
 from helpsteer_jax.train import state as state_lib
 
 REFERENCE_MODES = ("cached", "on_the_fly")
@@ -92,6 +95,34 @@ def _model_source(config) -> str:
 
 def _with_reference(features, ref):
   return [dict(f, ref_logps=r) for f, r in zip(features, ref)]
+
+
+def abstract_train_step(config: ml_collections.ConfigDict,
+                        rt: runtime.Runtime) -> abstract_step.StepSpec:
+  """The preference step on abstract weights and batches (compile-only runs).
+
+  With `reference.mode=cached` the batch carries the reference log-probs;
+  on the fly, the step also takes the frozen reference parameters.
+  """
+  cfg = loss_config(config, csv=False)
+  model_cfg = runtime.model_config(config, weights=False)
+  n, segments = config.train.seq_len, config.data.max_segments
+  example = {k: np.zeros((2, n), np.int32) for k in pair_rows.ROW_KEYS}
+  example.update(seg_scores=np.zeros((2, segments, len(cfg.aspects)), np.float32),
+                 seg_mask=np.zeros((2, segments), np.float32),
+                 lengths=np.zeros(2, np.float32), pair_weight=np.ones(2, np.float32))
+  on_the_fly = config.reference.mode == "on_the_fly"
+  if not on_the_fly:
+    example["ref_logps"] = np.zeros((2, segments), np.float32)
+  per_token = model_cfg.flops_per_token(n)
+  if on_the_fly:  # plus the reference's forward: a third of a training pass
+    per_token *= 4 / 3
+  loss = functools.partial(preference_loss, cfg=cfg, chunk_size=config.train.loss_chunk_size,
+                           vocab_chunk=config.loss.vocab_chunk_size)
+  return abstract_step.trainer_step_spec(
+      config, rt, lambda: Llama(model_cfg, rngs=nnx.Rngs(0)), loss,
+      abstract_step.batch_fields(config, example), per_token, tokens_per_row=2 * n,
+      frozen_params=on_the_fly)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:

@@ -18,8 +18,10 @@ from typing import Any, Callable, Mapping
 
 import jax
 import ml_collections
+import numpy as np
 from flax import nnx
 
+from helpsteer_jax.data import pipeline
 from helpsteer_jax.models import builder
 from helpsteer_jax.runtime import Runtime
 from helpsteer_jax.train import loop, optim
@@ -46,11 +48,30 @@ class StepSpec:
       return self.step.lower(*self.args)
 
 
+def batch_fields(config: ml_collections.ConfigDict, example: dict[str, np.ndarray]) -> BatchFields:
+  """Field shapes of one batch row, from the training pipeline itself.
+
+  `example` is one tokenized example as the task's featurizer makes it (its
+  values may be zeros); it goes through the same packing / padding / batching
+  as real data, so the fields are exactly what the compiled step receives.
+  """
+  cfg = pipeline.PipelineConfig(seq_len=config.train.seq_len, rows=1,
+                                packing=config.data.get("packing", True),
+                                fixed_shape=config.data.get("fixed_shape", False))
+  batch = next(iter(pipeline.training_dataset([example], cfg)))
+  return {k: (tuple(v.shape[1:]), v.dtype) for k, v in batch.items()}
+
+
 def trainer_step_spec(config: ml_collections.ConfigDict, rt: Runtime,
                       make_module: Callable[[], nnx.Module], loss_fn: loop.LossFn,
                       fields: BatchFields, flops_per_token: float,
-                      tokens_per_row: int | None = None) -> StepSpec:
-  """The step `Trainer` would run for `config`, on shapes only."""
+                      tokens_per_row: int | None = None,
+                      frozen_params: bool = False) -> StepSpec:
+  """The step `Trainer` would run for `config`, on shapes only.
+
+  `frozen_params`: the loss also takes a frozen copy of the parameters (a
+  reference model run in the step), passed with the parameters' shardings.
+  """
   tc = config.train
   loop.check_batch_config(tc, rt)
   module = nnx.eval_shape(make_module)
@@ -65,7 +86,13 @@ def trainer_step_spec(config: ml_collections.ConfigDict, rt: Runtime,
            for k, (shape, dtype) in fields.items()}
   train_step = loop.make_train_step(parts.graphdef, parts.rest, loss_fn, tx, schedule,
                                     rt.rules, accum)
-  step = loop.jit_train_step(train_step, rt, shardings, batch_sharding)
+  args: tuple = (state, batch)
+  frozen_shardings: tuple = ()
+  if frozen_params:
+    frozen_shardings = (parts.param_shardings,)
+    args += (jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          parts.params, parts.param_shardings),)
+  step = loop.jit_train_step(train_step, rt, shardings, batch_sharding, frozen_shardings)
   tokens = tc.global_batch * (tokens_per_row or tc.seq_len)
   num_params = builder.count_params(nnx.state(module, nnx.Param))
-  return StepSpec(step, (state, batch), rt, tokens, flops_per_token * tokens, num_params)
+  return StepSpec(step, args, rt, tokens, flops_per_token * tokens, num_params)
