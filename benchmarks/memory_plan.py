@@ -2,15 +2,21 @@
 
 python benchmarks/memory_plan.py [--budget-minutes 60] [--only llama2_70b]
 
-Compiles each recipe's real train step (sequence length 4096, bf16 compute,
-fp32 master weights and Adam moments, splash attention, FSDP over the slice)
-ahead of time for compile-only TPU devices and records XLA's per-device
-memory. Pass 1 compiles every (recipe, slice) cell with full remat and one
-sequence per device; pass 2 doubles the per-device batch of the cells that
-fit while it still fits; pass 3 walks down the v5p slices to find the
-smallest one each recipe fits. Results accumulate in
-benchmarks/results/memory_plan.json (a rerun continues where it stopped) and
-are rendered to docs/memory_plan.md.
+Compiles each recipe's real train step (its task's preset: sequence length
+4096, bf16 compute, fp32 master weights and Adam moments, splash attention,
+FSDP over the slice) ahead of time for compile-only TPU devices and records
+XLA's per-device memory. A full-depth 70B compile takes 5-14 minutes on a
+2-core CPU, so every cell compiles the same step at 4 and 8 layers and
+extrapolates each memory component linearly in depth (layers are scanned:
+parameters, optimizer state, gradients and the saved per-layer activations
+grow by the same amount per layer; the working set of one layer does not).
+Full-depth compiles of some cells check the extrapolation (`--validate`).
+Pass 1 covers every (recipe, slice) cell with full remat and one row per
+device; pass 2 walks down the v5p slices to the smallest one each recipe
+fits; pass 3 tries a lighter remat policy (matmul outputs saved) where full
+remat fits; pass 4 doubles the rows per device while the step fits. Results
+accumulate in benchmarks/results/memory_plan.json (a rerun continues where
+it stopped) and are rendered to docs/memory_plan.md.
 """
 
 from __future__ import annotations
@@ -20,60 +26,57 @@ import dataclasses
 import json
 import os
 import pathlib
+import runpy
 import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "configs"))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TPU_LOG_DIR", str(REPO / ".tpu_logs"))
 
 RESULTS = REPO / "benchmarks" / "results" / "memory_plan.json"
 DOC = REPO / "docs" / "memory_plan.md"
-SEQ_LEN = 4096
 TOPOLOGIES = ("v5p-64", "v5p-128", "v5p-256", "v5e-256", "v6e-256")
 SMALLER_V5P = ("v5p-32", "v5p-16", "v5p-8")
+PROBE_LAYERS = (4, 8)
+LIGHT_REMAT = "save_dots_no_batch"
 
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
   name: str
+  config: str      # configs/<config>.py
   preset: str
-  sequences: int   # sequences per optimizer step
-  stand_in: str    # "" when the task's own step is compiled
+  rows: int        # batch rows per optimizer step (a 2D-DPO row is a pair)
+  row_note: str = "sequence"
 
 
-_DPO_NOTE = ("2D-DPO is approximated by the SFT step on the same model with 2 x 64 pairs ="
-             " 128 sequences per step; the frozen bf16 reference model (2 bytes/param / chips)"
-             " and its forward are not included")
 RECIPES = (
-    Recipe("llama2_13b attribute model", "llama2_13b", 128,
-           "the attribute-model step is approximated by the SFT step on the same backbone"
-           " (its 9-output regression head replaces the 32k-vocab LM head)"),
-    Recipe("llama2_70b AC-SFT", "llama2_70b", 128, ""),
-    Recipe("llama3_70b AC-SFT", "llama3_70b", 128, ""),
-    Recipe("qwen2_7b 2D-DPO", "qwen2_7b", 128, _DPO_NOTE),
-    Recipe("llama3_70b 2D-DPO", "llama3_70b", 128, _DPO_NOTE),
+    Recipe("llama2_13b attribute model", "attribute_model", "llama2_13b_helpsteer", 512),
+    Recipe("llama2_70b AC-SFT", "acsft", "llama2_70b", 128),
+    Recipe("llama3_70b AC-SFT", "acsft", "llama3_70b", 128),
+    Recipe("qwen2_7b 2D-DPO", "dpo2d", "qwen2_7b", 64, "pair"),
+    Recipe("llama3_70b 2D-DPO", "dpo2d", "llama3_70b", 64, "pair"),
 )
 
 
-def cell_config(recipe: Recipe, chips: int, per_device: int, remat: str):
-  """The AC-SFT production config for `recipe` on `chips` chips, or None."""
-  import acsft
+def cell_config(recipe: Recipe, chips: int, per_device: int, remat: str, layers: int = 0):
+  """The recipe's production config on `chips` chips (None: the batch cannot be laid out)."""
   from helpsteer_jax import config_base
-  config = acsft.get_config("llama2_70b")  # the NeMo recipe's trainer settings
-  config.model = config_base.model_config(
-      recipe.preset, dtype="bfloat16", param_dtype="float32", remat_policy=remat,
-      attention_impl="splash", attention_block_size=512)
-  # Batch shards may not exceed the sequences: the rest of the chips go to tensor.
-  tensor = max(1, chips // recipe.sequences)
+  config = runpy.run_path(str(REPO / "configs" / f"{recipe.config}.py"))["get_config"](
+      recipe.preset)
+  config.model.update(remat_policy=remat, attention_impl="splash", attention_block_size=512,
+                      hf_path="")
+  if layers:
+    config.model.num_layers = layers
+  # Batch shards may not exceed the rows: the rest of the chips go to tensor.
+  tensor = max(1, chips // recipe.rows)
   micro = chips // tensor * per_device
-  if micro > recipe.sequences or recipe.sequences % micro:
+  if micro > recipe.rows or recipe.rows % micro:
     return None
   config.mesh = config_base.mesh_config(data=1, fsdp=-1, tensor=tensor)
-  config.train.seq_len = SEQ_LEN
-  config.train.global_batch = recipe.sequences
+  config.train.global_batch = recipe.rows
   config.train.micro_batch = micro
   return config
 
@@ -83,8 +86,40 @@ def load() -> dict:
 
 
 def save(results: dict) -> None:
+  """Merges `results` into the file (several planners may run at once)."""
+  import fcntl
   RESULTS.parent.mkdir(parents=True, exist_ok=True)
-  RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+  with open(RESULTS.with_suffix(".lock"), "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    merged = load()
+    merged["cells"].update(results["cells"])
+    results["cells"].update(merged["cells"])
+    tmp = RESULTS.with_suffix(".tmp")
+    tmp.write_text(json.dumps(merged, indent=2) + "\n")
+    tmp.replace(RESULTS)
+
+
+def _key(recipe: Recipe, topology: str, per_device: int, remat: str, layers: int) -> str:
+  depth = f"L{layers}" if layers else "full-depth"
+  return f"{recipe.name}|{topology}|{per_device}|{remat}|{depth}"
+
+
+MEMORY_PARTS = ("arguments", "outputs", "aliased", "temporaries", "generated_code")
+
+
+def extrapolate(small: dict, large: dict, layers: int) -> dict:
+  """Each memory component, linear in depth through two probe compiles."""
+  (l1, m1), (l2, m2) = sorted(((r["model_layers"], r["memory"]) for r in (small, large)),
+                              key=lambda x: x[0])
+  out = {}
+  for part in MEMORY_PARTS:
+    slope = (m2[part] - m1[part]) / (l2 - l1)
+    out[part] = int(round(m2[part] + slope * (layers - l2)))
+  out["total"] = (out["arguments"] + out["outputs"] - out["aliased"] + out["temporaries"]
+                  + out["generated_code"])
+  out["hbm"] = m1["hbm"]
+  out["fits"] = out["total"] <= out["hbm"]
+  return out
 
 
 class Planner:
@@ -95,23 +130,18 @@ class Planner:
   def out_of_time(self) -> bool:
     return time.time() > self.deadline
 
-  def compile(self, recipe: Recipe, topology: str, per_device: int, remat: str = "full"):
-    """The cell's report (cached); None when the batch cannot be laid out."""
+  def compile(self, recipe: Recipe, topology: str, per_device: int, remat: str = "full",
+              layers: int = 0):
+    """One compile's report (cached); None when not run or the batch cannot be laid out."""
     from helpsteer_jax import aot
-    key = f"{recipe.name}|{topology}|{per_device}|{remat}"
+    key = _key(recipe, topology, per_device, remat, layers)
     cells = self.results["cells"]
     if key in cells:
       return cells[key]
-    for other in RECIPES:  # a stand-in with the same shapes compiles the same program
-      twin = f"{other.name}|{topology}|{per_device}|{remat}"
-      if other.preset == recipe.preset and other.sequences == recipe.sequences and twin in cells:
-        cells[key] = dict(cells[twin], same_program_as=other.name)
-        save(self.results)
-        return cells[key]
     if self.out_of_time() or (self.only and self.only not in recipe.name):
       return None
     topo = aot.parse_topology(topology)
-    config = cell_config(recipe, topo.chips, per_device, remat)
+    config = cell_config(recipe, topo.chips, per_device, remat, layers)
     if config is None:
       return None
     if topology not in self.devices:
@@ -121,116 +151,180 @@ class Planner:
       report = aot.analyze(config, topo, self.devices[topology], flops=False)
     except Exception as e:  # a mesh the model cannot shard, ...
       report = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+    report["model_layers"] = config.model.num_layers
     report["wall_seconds"] = time.time() - start
     cells[key] = report
     save(self.results)
-    verdict = report.get("memory", {}).get("fits")
     total = report.get("memory", {}).get("total") or 0
-    print(f"{key}: fits={verdict} total={total / 2**30:.2f} GiB"
-          f" ({report['wall_seconds']:.0f} s) {report.get('error', '')}", flush=True)
+    print(f"{key}: {total / 2**30:.2f} GiB ({report['wall_seconds']:.0f} s)"
+          f" {report.get('error', '')}", flush=True)
     return report
+
+  def estimate(self, recipe: Recipe, topology: str, per_device: int, remat: str = "full"):
+    """The full-depth cell from the two probe compiles (None if unavailable)."""
+    probes = [self.compile(recipe, topology, per_device, remat, n) for n in PROBE_LAYERS]
+    return cell_estimate(self.results, recipe, topology, per_device, remat) if all(
+        p and "memory" in p for p in probes) else None
+
+
+def cell_estimate(results: dict, recipe: Recipe, topology: str, per_device: int,
+                  remat: str = "full") -> dict | None:
+  cells = results["cells"]
+  probes = [cells.get(_key(recipe, topology, per_device, remat, n)) for n in PROBE_LAYERS]
+  if not all(p and "memory" in p for p in probes):
+    return None
+  full_layers = _full_layers(recipe)
+  return dict(probes[-1], model_layers=full_layers,
+              memory=extrapolate(probes[0], probes[-1], full_layers))
+
+
+def _full_layers(recipe: Recipe) -> int:
+  from helpsteer_jax.models import presets
+  config = runpy.run_path(str(REPO / "configs" / f"{recipe.config}.py"))["get_config"](
+      recipe.preset)
+  return presets.get_preset(config.model.preset).num_layers
 
 
 def _fits(report) -> bool:
   return bool(report and report.get("memory", {}).get("fits"))
 
 
-def plan(planner: Planner) -> None:
-  for topology in TOPOLOGIES:  # pass 1: full remat, one sequence per device
+def plan(planner: Planner, validate: bool) -> None:
+  for topology in TOPOLOGIES:  # 1: full remat, one row per device
     for recipe in RECIPES:
-      planner.compile(recipe, topology, 1)
-  for recipe in RECIPES:  # pass 2: the largest per-device batch that fits
-    for topology in TOPOLOGIES:
-      per_device = 1
-      while _fits(planner.compile(recipe, topology, per_device)):
-        per_device *= 2
-  for recipe in RECIPES:  # pass 3: the smallest v5p slice
-    if not _fits(planner.compile(recipe, "v5p-64", 1)):
+      planner.estimate(recipe, topology, 1)
+  for recipe in RECIPES:  # 2: the smallest v5p slice
+    if not _fits(planner.estimate(recipe, "v5p-64", 1)):
       continue
     for topology in SMALLER_V5P:
-      if not _fits(planner.compile(recipe, topology, 1)):
+      if not _fits(planner.estimate(recipe, topology, 1)):
         break
+  for recipe in RECIPES:  # 3: a lighter remat policy (saved matmul outputs)
+    for topology in TOPOLOGIES:
+      if _fits(planner.estimate(recipe, topology, 1)):
+        planner.estimate(recipe, topology, 1, LIGHT_REMAT)
+  for recipe in RECIPES:  # 4: the largest rows per device that fit
+    for topology in TOPOLOGIES:
+      per_device = 1
+      while _fits(planner.estimate(recipe, topology, per_device)):
+        per_device *= 2
+  if validate:  # full-depth compiles to check the extrapolation
+    for recipe in RECIPES:
+      planner.compile(recipe, "v5p-128", 1)
 
 
 def _gib(n) -> str:
   return "?" if n is None else f"{n / 2**30:.1f}"
 
 
+def _probe_seconds(results: dict) -> list[float]:
+  return [v.get("wall_seconds", 0) for k, v in results["cells"].items()]
+
+
 def render(results: dict) -> str:
-  """docs/memory_plan.md from the recorded cells."""
+  """docs/memory_plan.md from the recorded compiles."""
   cells = results["cells"]
   lines = [
       "# Memory plan for TPU pods",
       "",
       "Generated by `python benchmarks/memory_plan.py` from ahead-of-time compiles of",
-      "the real train step for compile-only TPU devices (libtpu, no TPU attached);",
-      "the raw reports are in `benchmarks/results/memory_plan.json`. Every recipe",
-      f"runs at sequence length {SEQ_LEN}, bf16 compute with fp32 master weights and",
-      "Adam moments, splash attention (block 512), FSDP over the slice (tensor",
-      "parallelism only where a slice has more chips than sequences per step), 128",
-      "sequences per optimizer step (gradient accumulation makes up the rest).",
-      "Memory is XLA's per-device figure: arguments + outputs - donated + temporaries",
-      "+ code, against the chip's HBM (v5p 95 GiB, v5e 16 GiB, v6e 32 GiB, v4 32 GiB).",
-      "Cells marked *not compiled yet* are filled in by running the script again (it",
-      "resumes from the recorded compiles); each 7B-70B compile takes 5-14 min on a",
-      "shared 2-core CPU.",
+      "each recipe's real train step (its task's preset, `--config.compile_only`) for",
+      "compile-only TPU devices (libtpu, no TPU attached); the raw reports are in",
+      "`benchmarks/results/memory_plan.json`. Every recipe runs at sequence length",
+      "4096 (2D-DPO: 4096 per response, a row is a chosen + rejected pair, reference",
+      "log-probs cached), bf16 compute with fp32 master weights and Adam moments,",
+      "splash attention (block 512), FSDP over the slice (tensor parallelism only",
+      "where a slice has more chips than rows per step), the recipe's rows per",
+      "optimizer step (gradient accumulation makes up the rest).",
       "",
-      "| recipe | slice | chips | mesh (fsdp x tensor) | remat | per-device batch that fits |"
-      " per-device memory (GiB) | HBM (GiB) | verdict |",
+      "Memory is XLA's per-device figure: arguments + outputs - donated + temporaries",
+      "+ code, against the chip's HBM (v5p 95 GiB, v5e 16 GiB, v6e 32 GiB). A",
+      "full-depth 70B compile takes 5-14 minutes on a 2-core CPU, so each cell",
+      "compiles the same step with 4 and 8 layers and extrapolates every component",
+      "linearly to the model's depth (the layers are scanned: per-layer weights,",
+      "optimizer state, gradients and saved activations add the same bytes per",
+      "layer). The check against full-depth compiles is below the table.",
+      "",
+      "| recipe | slice | chips | mesh (fsdp x tensor) | rows per device that fit (full remat) |"
+      f" per-device memory (GiB) | HBM (GiB) | verdict | 1 row, remat {LIGHT_REMAT} (GiB) |",
       "|---|---|---|---|---|---|---|---|---|",
   ]
-  notes = []
   for recipe in RECIPES:
-    if recipe.stand_in and recipe.stand_in not in notes:
-      notes.append(recipe.stand_in)
     for topology in TOPOLOGIES:
-      fitting = [(int(k.split("|")[2]), v) for k, v in cells.items()
-                 if k.startswith(f"{recipe.name}|{topology}|") and _fits(v)]
-      first = cells.get(f"{recipe.name}|{topology}|1|full")
+      first = cell_estimate(results, recipe, topology, 1)
+      fitting = []
+      per_device = 1
+      while True:
+        est = cell_estimate(results, recipe, topology, per_device)
+        if not _fits(est):
+          break
+        fitting.append((per_device, est))
+        per_device *= 2
+      probe_error = next((cells[_key(recipe, topology, 1, "full", n)]["error"]
+                          for n in PROBE_LAYERS
+                          if "error" in cells.get(_key(recipe, topology, 1, "full", n), {})), "")
       if fitting:
-        per_device, r = max(fitting, key=lambda x: x[0])
+        per_device, r = fitting[-1]
         m = r["memory"]
         batch = str(per_device)
-        untried = f"{recipe.name}|{topology}|{2 * per_device}|full" not in cells
-        if untried and cell_config(recipe, r["chips"], 2 * per_device, "full") is not None:
-          batch = f"{per_device} ({2 * per_device} not compiled yet)"
+        nxt = 2 * per_device
+        if (cell_estimate(results, recipe, topology, nxt) is None
+            and cell_config(recipe, r["chips"], nxt, "full") is not None):
+          batch = f"{per_device} ({nxt} not compiled yet)"
+        elif cell_config(recipe, r["chips"], nxt, "full") is None:
+          batch = f"{per_device} (all rows of the step)"
         row = [str(r["chips"]), f"{r['mesh']['fsdp']} x {r['mesh']['tensor']}",
-               r["remat_policy"], batch, _gib(m["total"]), _gib(m["hbm"]), "fits"]
-      elif first and "memory" in first:
+               batch, _gib(m["total"]), _gib(m["hbm"]), "fits"]
+      elif first:
         m = first["memory"]
         row = [str(first["chips"]), f"{first['mesh']['fsdp']} x {first['mesh']['tensor']}",
-               "full", "none (1 does not fit)", _gib(m["total"]), _gib(m["hbm"]),
-               "does not fit"]
-      elif first:
-        row = ["", "", "", "", "", "", f"error: {first['error']}"]
+               "none (1 does not fit)", _gib(m["total"]), _gib(m["hbm"]), "does not fit"]
+      elif probe_error:
+        row = ["", "", "", "", "", f"error: {probe_error}"]
       else:
-        row = ["", "", "", "", "", "", "not compiled yet"]
-      mark = " *" if recipe.stand_in else ""
-      lines.append(f"| {recipe.name}{mark} | {topology} | " + " | ".join(row) + " |")
-  lines += ["", "`*` " + "; ".join(notes) + ".", "", "## Smallest slice per recipe", "",
+        row = ["", "", "", "", "", "not compiled yet"]
+      light = cell_estimate(results, recipe, topology, 1, LIGHT_REMAT)
+      if light:
+        row.append(f"{_gib(light['memory']['total'])} ({'fits' if _fits(light) else 'does not fit'})")
+      else:
+        row.append("not compiled" if fitting else "")
+      lines.append(f"| {recipe.name} | {topology} | " + " | ".join(row) + " |")
+  lines += ["", "## Smallest slice per recipe", "",
             "The smallest v5p slice on which the recipe's step fits (full remat, one",
-            "sequence per device), among the slices compiled:", "",
+            "row per device):", "",
             "| recipe | smallest v5p slice | per-device memory (GiB) of 95 |", "|---|---|---|"]
+  ladder = list(reversed(SMALLER_V5P)) + ["v5p-64", "v5p-128", "v5p-256"]
   for recipe in RECIPES:
-    ladder = list(reversed(SMALLER_V5P)) + ["v5p-64", "v5p-128", "v5p-256"]
     found = None
     for topology in ladder:
-      r = cells.get(f"{recipe.name}|{topology}|1|full")
-      if _fits(r):
-        found = (topology, r)
+      est = cell_estimate(results, recipe, topology, 1)
+      if _fits(est):
+        found = (topology, est)
         break
     if found:
       i = ladder.index(found[0])
       below = ladder[i - 1] if i else None
-      known = below is None or f"{recipe.name}|{below}|1|full" in cells
+      known = below is None or cell_estimate(results, recipe, below, 1) is not None
       where = found[0] if known else f"{found[0]} or smaller ({below} not compiled yet)"
       lines.append(f"| {recipe.name} | {where} | {_gib(found[1]['memory']['total'])} |")
     else:
       lines.append(f"| {recipe.name} | not compiled yet | |")
-  seconds = [v.get("wall_seconds", 0) for v in cells.values() if "same_program_as" not in v]
+  lines += ["", "## Extrapolation against full-depth compiles", "",
+            "| recipe | slice | full-depth compile (GiB) | extrapolated (GiB) | difference |",
+            "|---|---|---|---|---|"]
+  for key, full in cells.items():
+    name, topology, per_device, remat, depth = key.split("|")
+    recipe = next((r for r in RECIPES if r.name == name), None)
+    if depth != "full-depth" or recipe is None or "memory" not in full:
+      continue
+    est = cell_estimate(results, recipe, topology, int(per_device), remat)
+    if est is None:
+      continue
+    a, b = full["memory"]["total"], est["memory"]["total"]
+    lines.append(f"| {name} | {topology} | {_gib(a)} | {_gib(b)} | {100 * (b - a) / a:+.1f}% |")
+  seconds = _probe_seconds(results)
   lines += ["", f"{len(seconds)} compiles, {sum(seconds) / 60:.0f} min of compile time on a"
-            " shared 2-core CPU (median"
-            f" {sorted(seconds)[len(seconds) // 2] if seconds else 0:.0f} s each).", ""]
+            " 2-core CPU.", ""]
   return "\n".join(lines)
 
 
@@ -239,11 +333,13 @@ def main() -> None:
   parser.add_argument("--budget-minutes", type=float, default=600.0,
                       help="start no compile after this many minutes")
   parser.add_argument("--only", default="", help="only recipes whose name contains this")
+  parser.add_argument("--validate", action="store_true",
+                      help="also compile each recipe at full depth on v5p-128")
   parser.add_argument("--render-only", action="store_true")
   args = parser.parse_args()
   results = load()
   if not args.render_only:
-    plan(Planner(results, time.time() + 60 * args.budget_minutes, args.only))
+    plan(Planner(results, time.time() + 60 * args.budget_minutes, args.only), args.validate)
   DOC.write_text(render(results))
   print(f"wrote {DOC}")
 
