@@ -67,3 +67,14 @@ def test_compile_only_needs_a_topology(tmp_path):
   proc = run_main("--config=configs/acsft.py", f"--workdir={tmp_path}",
                   "--config.compile_only=True", check=False)
   assert proc.returncode == 2 and "compile_topology" in proc.stderr
+
+
+@pytest.mark.parametrize("name, shape", [("v5p-256", (1, 64, 2)), ("v5e-256", (1, 128, 2)),
+                                         ("v6e-256", (1, 64, 4))])
+def test_meshes_that_split_a_physical_torus_axis(name, shape, tmp_path):
+  """fsdp=64 on v5p-256's 4x4x8 torus is no product of whole axes: split one."""
+  from helpsteer_jax import sharding
+  devices = aot.compile_only_devices(aot.parse_topology(name), tmp_path / "tpu_logs")
+  mesh = sharding.make_mesh(shape, devices)
+  assert tuple(mesh.shape.values()) == shape
+  assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in devices)
