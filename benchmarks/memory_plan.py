@@ -5,8 +5,9 @@ python benchmarks/memory_plan.py [--budget-minutes 60] [--only llama2_70b]
 Compiles each recipe's real train step (its task's preset: sequence length
 4096, bf16 compute, fp32 master weights and Adam moments, splash attention,
 FSDP over the slice) ahead of time for compile-only TPU devices and records
-XLA's per-device memory. Every cell is a full-depth compile (5-14 minutes
-for a 70B model on a 2-core CPU): compiles of the same step with fewer layers
+XLA's per-device memory. Every cell is a full-depth compile (about a minute
+for a 70B model on an idle 2-core CPU; compiles run one at a time, since
+parallel ones only slow each other down): compiles with fewer layers
 do not extrapolate (XLA's peak moves between the vocabulary projection and
 the layer stack as depth grows; linear extrapolation from 4- and 8-layer
 compiles was off by -29% to +14% in the temporaries).
@@ -181,6 +182,13 @@ def _gib(n) -> str:
   return "?" if n is None else f"{n / 2**30:.1f}"
 
 
+def _total(memory: dict) -> str:
+  """The per-device total; from an out-of-memory error only a lower bound is known."""
+  if memory.get("total_is_lower_bound"):
+    return f"> {_gib(memory['total'])} (XLA out-of-memory)"
+  return _gib(memory.get("total"))
+
+
 def render(results: dict) -> str:
   """docs/memory_plan.md from the recorded compiles."""
   cells = results["cells"]
@@ -199,7 +207,7 @@ def render(results: dict) -> str:
       "",
       "Memory is XLA's per-device figure: arguments + outputs - donated + temporaries",
       "+ code, against the chip's HBM (v5p 95 GiB, v5e 16 GiB, v6e 32 GiB). Every",
-      "cell is a full-depth compile (a 70B step takes 5-14 minutes to compile on a",
+      "cell is a full-depth compile (a 70B step compiles in about a minute on an idle",
       "2-core CPU; cells marked *not compiled yet* are filled in by running the",
       "script again, it resumes from the recorded compiles). Compiles of the same",
       "step with fewer layers do not extrapolate: XLA's peak moves between the",
@@ -234,18 +242,18 @@ def render(results: dict) -> str:
         elif cell_config(recipe, r["chips"], nxt, "full") is None:
           batch = f"{per_device} (all rows of the step)"
         row = [str(r["chips"]), f"{r['mesh']['fsdp']} x {r['mesh']['tensor']}",
-               batch, _gib(m["total"]), _gib(m["hbm"]), "fits"]
+               batch, _total(m), _gib(m["hbm"]), "fits"]
       elif first:
         m = first["memory"]
         row = [str(first["chips"]), f"{first['mesh']['fsdp']} x {first['mesh']['tensor']}",
-               "none (1 does not fit)", _gib(m["total"]), _gib(m["hbm"]), "does not fit"]
+               "none (1 does not fit)", _total(m), _gib(m["hbm"]), "does not fit"]
       elif error:
         row = ["", "", "", "", "", f"error: {error}"]
       else:
         row = ["", "", "", "", "", "not compiled yet"]
       light = cell_estimate(results, recipe, topology, 1, LIGHT_REMAT)
       if light:
-        row.append(f"{_gib(light['memory']['total'])} ({'fits' if _fits(light) else 'does not fit'})")
+        row.append(f"{_total(light['memory'])} ({'fits' if _fits(light) else 'does not fit'})")
       else:
         row.append("not compiled" if fitting else "")
       lines.append(f"| {recipe.name} | {topology} | " + " | ".join(row) + " |")

@@ -138,6 +138,8 @@ def memory_report(stats: Any, hbm_bytes: int) -> dict[str, Any]:
 
 
 _OOM = re.compile(r"Used ([\d.]+)([KMGT]) of ([\d.]+)([KMGT]) hbm")
+# The other form: temporaries alone exceed HBM (arguments not counted in it).
+_OOM_TEMPS = re.compile(r"required for HLO temporaries \(([\d.]+)([KMGT])\)")
 
 
 def oom_report(message: str, hbm_bytes: int) -> dict[str, Any] | None:
@@ -147,9 +149,14 @@ def oom_report(message: str, hbm_bytes: int) -> dict[str, Any] | None:
   scale = {"K": 1024, "M": 1024 ** 2, "G": GIB, "T": 1024 * GIB}
   m = _OOM.search(message)
   total = int(float(m.group(1)) * scale[m.group(2)]) if m else None
-  return dict(arguments=None, outputs=None, aliased=None, temporaries=None,
-              generated_code=None, total=total, hbm=hbm_bytes, fits=False,
-              compile_error=message.splitlines()[0][:300])
+  t = _OOM_TEMPS.search(message)
+  temporaries = int(float(t.group(1)) * scale[t.group(2)]) if t else None
+  report = dict(arguments=None, outputs=None, aliased=None, temporaries=temporaries,
+                generated_code=None, total=total, hbm=hbm_bytes, fits=False,
+                compile_error=message.splitlines()[0][:300])
+  if total is None and temporaries is not None:  # a lower bound: arguments not included
+    report.update(total=temporaries, total_is_lower_bound=True)
+  return report
 
 
 def compile_step(spec, hbm_bytes: int) -> dict[str, Any]:

@@ -40,6 +40,12 @@ def test_memory_verdict_counts_donated_outputs_once():
                        " in memory space hbm. Used 20.5G of 15.75G hbm. Exceeded hbm capacity"
                        " by 4.75G.", 16 * gib)
   assert oom["total"] == int(20.5 * gib) and not oom["fits"]
+  temps = aot.oom_report("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory"
+                         " required for HLO temporaries (103.27G) exceeds available HBM"
+                         " (95.74G).", 95 * gib)
+  assert temps["temporaries"] == int(103.27 * gib) and temps["total"] == temps["temporaries"]
+  assert temps["total_is_lower_bound"] and "total_is_lower_bound" not in oom
+  assert not temps["fits"]
 
 
 @pytest.mark.slow  # three TPU compiles: ~1 min idle, 3+ min on a loaded 2-core machine
