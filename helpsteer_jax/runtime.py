@@ -12,6 +12,7 @@ from absl import logging
 from jax.sharding import Mesh
 
 from helpsteer_jax import config_base
+from helpsteer_jax.errors import ConfigError
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.models import builder
 from helpsteer_jax.models.config import ModelConfig
@@ -47,7 +48,6 @@ def model_config(config: ml_collections.ConfigDict, weights: bool = True) -> Mod
   weights falls back to the preset's shapes when no HF directory is given.
   """
   if weights and config.get("require_hf_path") and not config.model.hf_path:
-    from helpsteer_jax.errors import ConfigError
     raise ConfigError(f"this recipe trains the published {config.model.preset} weights: set"
                       " --config.model.hf_path=/path/to/the/HF/checkpoint/directory")
   if config.model.hf_path:
@@ -88,9 +88,16 @@ def sync(name: str) -> None:
     multihost_utils.sync_global_devices(name)
 
 
+def check_tokenizer_fits(tokenizer, vocab_size: int,
+                         hint: str = "use a matching tokenizer / model") -> None:
+  """A tokenizer with ids beyond the model's embedding table would index garbage."""
+  if len(tokenizer) > vocab_size:
+    raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size"
+                      f" is {vocab_size}; {hint}")
+
+
 def check_workdir(workdir: str | pathlib.Path) -> None:
   """Fails before any work if the workdir cannot be written."""
-  from helpsteer_jax.errors import ConfigError
   path = pathlib.Path(workdir)
   try:
     path.mkdir(parents=True, exist_ok=True)
@@ -105,7 +112,6 @@ def check_workdir(workdir: str | pathlib.Path) -> None:
 def check_free_space(path: str | pathlib.Path, needed_bytes: int, what: str) -> None:
   """Fails before training if `path`'s disk cannot hold `needed_bytes` (e.g. a checkpoint)."""
   import shutil
-  from helpsteer_jax.errors import ConfigError
   free = shutil.disk_usage(path).free
   if free < needed_bytes:
     raise ConfigError(f"{path} has {free / 2**20:.1f} MiB free but {what} needs about"

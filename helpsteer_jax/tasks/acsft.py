@@ -22,7 +22,6 @@ from helpsteer_jax import runtime
 from helpsteer_jax.data import demo, pipeline, readers
 from helpsteer_jax.data.sources import load_conversations
 from helpsteer_jax.data.sft import sft_features
-from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.losses.sft import sft_loss
 from helpsteer_jax.models import hf
 from helpsteer_jax.models.llama import Llama
@@ -63,9 +62,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   tok_dir = runtime.tokenizer_dir(config, workdir)
   tokenizer = hf.load_tokenizer(tok_dir)
   model_cfg = runtime.model_config(config)
-  if len(tokenizer) > model_cfg.vocab_size:
-    raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size"
-                      f" is {model_cfg.vocab_size}; use a matching tokenizer / model")
+  runtime.check_tokenizer_fits(tokenizer, model_cfg.vocab_size)
 
   train_src, val_src = resolve_data_paths(config, workdir)
   seq_len = config.train.seq_len

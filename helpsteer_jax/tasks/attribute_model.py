@@ -150,9 +150,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   runtime.check_workdir(workdir)
   tokenizer = hf.load_tokenizer(runtime.tokenizer_dir(config, workdir))
   model_cfg = runtime.model_config(config)
-  if len(tokenizer) > model_cfg.vocab_size:
-    raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size"
-                      f" is {model_cfg.vocab_size}; use a matching tokenizer / model")
+  runtime.check_tokenizer_fits(tokenizer, model_cfg.vocab_size)
   train_features, eval_features, val_records, data_report = load_data(config, workdir, tokenizer)
 
   model = reward_runtime.build_reward_model(config, rt)

@@ -134,9 +134,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   tok_dir = runtime.tokenizer_dir(config, workdir)
   tokenizer = hf.load_tokenizer(tok_dir)
   model_cfg = runtime.model_config(config)
-  if len(tokenizer) > model_cfg.vocab_size:
-    raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size"
-                      f" is {model_cfg.vocab_size}; use a matching tokenizer / model")
+  runtime.check_tokenizer_fits(tokenizer, model_cfg.vocab_size)
 
   train_features = load_features(train_src, config, cfg, tokenizer)
   eval_features = load_features(val_src, config, cfg, tokenizer) if val_src else []

@@ -49,9 +49,7 @@ def build_generator(config: ml_collections.ConfigDict, rt: runtime.Runtime,
                     workdir: pathlib.Path) -> Generator:
   tokenizer = hf.load_tokenizer(loading.tokenizer_dir(config, workdir))
   model = loading.load_model(config, rt)
-  if len(tokenizer) > model.cfg.vocab_size:
-    raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size"
-                      f" is {model.cfg.vocab_size}; use the training run's tokenizer")
+  runtime.check_tokenizer_fits(tokenizer, model.cfg.vocab_size, "use the training run's tokenizer")
   pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
   # Files decode full batches (one compile); chat decodes one conversation.
   min_batch = config.batch_size if config.mode == "file" else 1
