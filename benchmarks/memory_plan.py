@@ -215,6 +215,12 @@ def render(results: dict) -> str:
       "compiles extrapolated linearly missed the full-depth temporaries by -29%",
       "(Llama 3 70B, 128k vocabulary) and +14% (Llama 2 70B) on v5p-64).",
       "",
+      "Rows per device: the micro-batch on each device, doubled from 1 until the step",
+      "runs out of memory or each device holds all of its rows of the optimizer step;",
+      "the memory column is for the largest micro-batch that fits. Memory grows less",
+      "than linearly with it: fewer accumulation micro-steps, and with none at all",
+      "the fp32 gradient accumulator disappears.",
+      "",
       "| recipe | slice | chips | mesh (fsdp x tensor) | rows per device that fit (full remat) |"
       f" per-device memory (GiB) | HBM (GiB) | verdict | 1 row, remat {LIGHT_REMAT} (GiB) |",
       "|---|---|---|---|---|---|---|---|---|",
