@@ -70,6 +70,12 @@ def _lines(rows_and_garbage):
   return out
 
 
+def _nonblank(lines):
+  # Blank as a JSON-lines file defines it: ASCII whitespace only. A line of
+  # '\x1f' or '\u2028' (whitespace to str.strip) is a malformed record.
+  return sum(1 for l in lines if l.encode("utf-8").strip())
+
+
 def _check(read, path, nonblank):
   """Error mode: parses or DataError naming the file. Skip mode: kept + counted = rows."""
   try:
@@ -108,7 +114,7 @@ def test_jsonl_readers_parse_or_name_file_and_line(name, tmp_path):
     lines = _lines(items)
     path = tmp_path / "data.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    _check(read, path, sum(1 for l in lines if l.strip()))
+    _check(read, path, _nonblank(lines))
 
   check()
 
@@ -123,7 +129,7 @@ def test_truncated_gzip_parses_or_names_the_file(name, tmp_path):
     data = gzip.compress(("\n".join(_lines(rows)) + "\n").encode())
     path = tmp_path / "data.jsonl.gz"
     path.write_bytes(data[:math.floor(len(data) * keep)] if keep < 1 else data)
-    nonblank = sum(1 for l in _lines(rows) if l.strip())
+    nonblank = _nonblank(_lines(rows))
     _check(read, path, nonblank)
 
   check()
@@ -170,3 +176,14 @@ def test_2d_csv_reader_parses_or_names_file_and_line(tmp_path):
            len(rows) + invalid_utf8)
 
   check()
+
+
+def test_control_character_line_is_a_counted_bad_record(tmp_path):
+  """'\\x1f' is whitespace to str.strip but not to JSON: counted, never dropped."""
+  path = tmp_path / "data.jsonl"
+  path.write_text("\x1f\n  \n", encoding="utf-8")
+  with pytest.raises(DataError, match=r"data\.jsonl:1"):
+    readers.read_helpsteer(path, on_bad_record="error")
+  report = readers.BadRecordReport()
+  assert readers.read_helpsteer(path, on_bad_record="skip", report=report) == []
+  assert report.total == 1
