@@ -106,24 +106,29 @@ def _group_forward(q, k, v, seg, block):
 
 
 def _group_backward(q, k, v, seg, out, lse, dout, block):
-  """Gradients w.r.t. the pre-scaled q, k and v."""
+  """Gradients w.r.t. the pre-scaled q and, transposed ([D, S]), k and v.
+
+  dk and dv accumulate as dk^T = q^T ds and dv^T = dout^T p: the operand
+  transposed for the matmul is then the small [block, D] query block, not
+  the [block, S] score block (on CPU that transpose cost ~15% of the pass).
+  """
   delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
   dq = []
-  dk = jnp.zeros(k.shape, jnp.float32)
-  dv = jnp.zeros(v.shape, jnp.float32)
+  dk_t = jnp.zeros(k.shape[::-1], jnp.float32)
+  dv_t = jnp.zeros(v.shape[::-1], jnp.float32)
   for start, stop in _query_blocks(q.shape[1], block):
     q_blk, do_blk = q[:, start:stop], dout[:, start:stop]
     s = _block_scores(q_blk, k, seg, start, stop)
     p = jnp.exp(s - lse[:, start:stop, None])
-    dv = dv.at[:stop].add(jnp.einsum("gts,gtd->sd", p.astype(dout.dtype), do_blk,
-                                     preferred_element_type=jnp.float32))
+    dv_t = dv_t.at[:, :stop].add(jnp.einsum("gtd,gts->ds", do_blk, p.astype(dout.dtype),
+                                            preferred_element_type=jnp.float32))
     dp = jnp.einsum("gtd,sd->gts", do_blk, v[:stop], preferred_element_type=jnp.float32)
     ds = (p * (dp - delta[:, start:stop, None])).astype(q.dtype)
     dq.append(jnp.einsum("gts,sd->gtd", ds, k[:stop], preferred_element_type=jnp.float32))
-    dk = dk.at[:stop].add(jnp.einsum("gts,gtd->sd", ds, q_blk,
-                                     preferred_element_type=jnp.float32))
-  return (jnp.concatenate(dq, axis=1).astype(q.dtype), dk.astype(k.dtype),
-          dv.astype(v.dtype))
+    dk_t = dk_t.at[:, :stop].add(jnp.einsum("gtd,gts->ds", q_blk, ds,
+                                            preferred_element_type=jnp.float32))
+  return (jnp.concatenate(dq, axis=1).astype(q.dtype), dk_t.astype(k.dtype),
+          dv_t.astype(v.dtype))
 
 
 def _to_groups(x, kv_heads):
@@ -146,9 +151,10 @@ def _kv_groups(x):
   return x.transpose(0, 2, 1, 3).reshape(b * k, s, d)
 
 
-def _kv_ungroup(x, batch):
-  bk, s, d = x.shape
-  return x.reshape(batch, bk // batch, s, d).transpose(0, 2, 1, 3)
+def _kv_ungroup_transposed(x, batch):
+  """[B*K, D, S] -> [B, S, K, D]."""
+  bk, d, s = x.shape
+  return x.reshape(batch, bk // batch, d, s).transpose(0, 3, 1, 2)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
@@ -175,7 +181,8 @@ def _blockwise_bwd(block, residuals, dout):
   dq, dk, dv = loops.map_(
       lambda a: _group_backward(*a, block),
       (q_scaled, k_groups, v_groups, seg, out, lse, _to_groups(dout, kv_heads)))
-  return (_from_groups(dq, b) * head_dim ** -0.5, _kv_ungroup(dk, b), _kv_ungroup(dv, b),
+  return (_from_groups(dq, b) * head_dim ** -0.5, _kv_ungroup_transposed(dk, b),
+          _kv_ungroup_transposed(dv, b),
           np.zeros((b, seg.shape[1]), jax.dtypes.float0))
 
 
