@@ -37,10 +37,21 @@ def rope_tables(positions: jnp.ndarray, cfg: ModelConfig) -> tuple[jnp.ndarray, 
   return jnp.cos(emb), jnp.sin(emb)
 
 
+def rotate_half(x: jnp.ndarray) -> jnp.ndarray:
+  """[x1, x2] -> [-x2, x1] on the last axis.
+
+  Written as a reversal of the two halves rather than slices and a
+  concatenation: the reversal's gradient is again a reversal that fuses with
+  its neighbours, where a concatenation's gradient is two zero-padded copies.
+  """
+  half = x.shape[-1] // 2
+  pairs = x.reshape(*x.shape[:-1], 2, half)
+  sign = jnp.array([-1, 1], x.dtype)[:, None]
+  return (jnp.flip(pairs, axis=-2) * sign).reshape(x.shape)
+
+
 def apply_rope(x: jnp.ndarray, cos: jnp.ndarray, sin: jnp.ndarray) -> jnp.ndarray:
   """Rotates x of shape [batch, length, heads, head_dim]."""
-  half = x.shape[-1] // 2
   x32 = x.astype(jnp.float32)
-  rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
-  out = x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+  out = x32 * cos[:, :, None, :] + rotate_half(x32) * sin[:, :, None, :]
   return out.astype(x.dtype)
