@@ -115,33 +115,48 @@ class Worker:
 def serve(conn, run_once, stats=lambda: {}) -> None:
   """The worker side of `Worker`: a timed call per "run"."""
   import resource
+  usage = {"cpu_user_s": [], "cpu_sys_s": [], "page_faults": []}
   conn.send("ready")
   while True:
     command = conn.recv()
     if command == "run":
+      before = resource.getrusage(resource.RUSAGE_SELF)
       start = time.perf_counter()
       run_once()
       conn.send(time.perf_counter() - start)
+      after = resource.getrusage(resource.RUSAGE_SELF)
+      usage["cpu_user_s"].append(round(after.ru_utime - before.ru_utime, 3))
+      usage["cpu_sys_s"].append(round(after.ru_stime - before.ru_stime, 3))
+      usage["page_faults"].append(after.ru_minflt - before.ru_minflt)
     elif command == "stats":
       peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-      conn.send({"peak_rss_mb": round(peak_kb / 1024, 1), **stats()})
+      conn.send({"peak_rss_mb": round(peak_kb / 1024, 1), "usage_per_run": usage, **stats()})
     else:
       return
 
 
 def interleaved_worker_times(workers: dict[str, "Worker"], repeats: int,
-                             settle_seconds: float = 2.0) -> dict[str, list[float]]:
+                             settle_seconds: float = 2.0,
+                             untimed_before: int = 0) -> dict[str, list[float]]:
   """Seconds per timed call of each worker, round after round.
 
   Before each call the machine is left idle for `settle_seconds`: the
   worker that ran last keeps its thread pool spinning for a while after its
   call (OpenMP and Eigen both spin-wait), and on a 2-core machine that
   spinning would be charged to whichever worker runs next.
+
+  `untimed_before` calls run back to back just before each timed call, so
+  it is timed as in a training loop, on memory the previous call has just
+  used. A worker that waits through the other's turn has its freed memory
+  returned to the host (virtio-balloon free page reporting on VMs), and its
+  next call page-faults the whole working set back in.
   """
   times: dict[str, list[float]] = {name: [] for name in workers}
   for _ in range(repeats):
     for name, worker in workers.items():
       time.sleep(settle_seconds)
+      for _ in range(untimed_before):
+        worker.run()
       times[name].append(worker.run())
   return times
 

@@ -4,7 +4,8 @@ python benchmarks/train_step.py [--batch 4 --seq 1024 --repeats 5]
 
 The same ~100M Llama (identical initial weights), the same batch and AdamW
 (lr 1e-4, betas 0.9/0.98, weight decay 0.01, global-norm clip 1.0), fp32.
-Each framework runs in its own process; their timed steps alternate. Also
+Each framework runs in its own process; their timed steps alternate, each
+right after an untimed step of the same framework (as in a training loop). Also
 reports each process's peak resident memory and checks the compiled step's
 FLOPs (XLA cost analysis with every loop unrolled, batch 1) against the
 analytic 6 x params x tokens + causal attention FLOPs with remat off.
@@ -126,7 +127,7 @@ def main() -> None:
     for w in workers.values():  # compile / warm up
       w.run()
       w.run()
-    times = common.interleaved_worker_times(workers, args.repeats)
+    times = common.interleaved_worker_times(workers, args.repeats, untimed_before=1)
     stats = {name: w.stats() for name, w in workers.items()}
     for w in workers.values():
       w.stop()
@@ -142,6 +143,9 @@ def main() -> None:
       "torch_peak_rss_mb": stats["torch"]["peak_rss_mb"],
       "losses": {k: stats[k]["last_loss"] for k in stats},
       "seconds": {k: [round(t, 3) for t in v] for k, v in times.items()},
+      # CPU seconds (user, kernel) and page faults of every call: two warm-up
+      # calls, then an untimed and a timed call per round.
+      "usage_per_step": {k: stats[k]["usage_per_run"] for k in stats},
       "machine": common.machine(),
   }
   if "compiled_flops_batch1" in stats["jax"]:
