@@ -9,7 +9,8 @@ Annotation: `--sequences` prompts+responses of random length (64..512
 tokens) scored with no gradient, both sides sorted by length into batches of
 `--score-batch` right-padded to a multiple of 64, the head read at each
 row's last real token. Each framework runs in its own process; their timed
-repetitions alternate. Writes benchmarks/results/attribute_model.json and
+repetitions alternate, each right after an untimed one of the same
+framework. Writes benchmarks/results/attribute_model.json and
 the README table.
 """
 
@@ -166,7 +167,7 @@ def _measure(mode, args, hf_dir, head_path):
     for w in workers.values():  # compile / warm up
       w.run()
       w.run()
-    times = common.interleaved_worker_times(workers, args.repeats)
+    times = common.interleaved_worker_times(workers, args.repeats, untimed_before=1)
     stats = {name: w.stats() for name, w in workers.items()}
   finally:
     for w in workers.values():

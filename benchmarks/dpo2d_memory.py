@@ -14,7 +14,8 @@ python benchmarks/dpo2d_memory.py [--pairs 2 --seq 1024 --repeats 3]
    step) vs. a plain PyTorch +
    transformers DPO step (TRL's sigmoid loss, chosen and rejected
    concatenated in one policy forward, reference forward on the fly under
-   no_grad). Each runs in its own process; timed steps alternate.
+   no_grad). Each runs in its own process; timed steps alternate, each
+   right after an untimed step of the same framework.
 Writes benchmarks/results/dpo2d_memory.json and the README table.
 """
 
@@ -220,7 +221,7 @@ def main() -> None:
     for w in workers.values():  # compile / warm up
       w.run()
       w.run()
-    times = common.interleaved_worker_times(workers, args.repeats)
+    times = common.interleaved_worker_times(workers, args.repeats, untimed_before=1)
     stats = {name: w.stats() for name, w in workers.items()}
     for w in workers.values():
       w.stop()

@@ -72,6 +72,24 @@ def xla_attention(q, k, v, info: MaskInfo) -> jax.Array:
   return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla")
 
 
+def cached_attention(q, k, v, info: MaskInfo) -> jax.Array:
+  """Queries [B, T, H, D] against a cached layer k, v [B, K, S, D] (heads first).
+
+  Decoding's dense path: both matmuls batch over (batch, kv head) and read
+  the cache in its stored layout; only the few new queries are transposed.
+  Scores and softmax in fp32; returns [B, T, H, D].
+  """
+  b, t, h, d = q.shape
+  kv_heads = k.shape[1]
+  q = q.reshape(b, t, kv_heads, h // kv_heads, d) * jnp.asarray(d ** -0.5, q.dtype)
+  mask = dense_mask(info, t, k.shape[2])[:, None, None]
+  scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
+  probs = jax.nn.softmax(jnp.where(mask, scores, NEG_INF), axis=-1)
+  out = jnp.einsum("bkgts,bksd->btkgd", probs.astype(v.dtype), v,
+                   preferred_element_type=jnp.float32)
+  return out.reshape(b, t, h, d).astype(q.dtype)
+
+
 # ---------------------------------------------------------------------------
 # Blockwise (flash-style) attention for one group: q [G, T, D], k/v [T, D].
 

@@ -99,14 +99,16 @@ class Attention(nnx.Module):
 
     `kv` is the (keys, values) pair of stacked cache buffers. A prefill (into
     an empty cache) attends over its own tokens with the configured kernel;
-    a decode step attends over the cached layer (the seam's dense path).
+    a decode step attends over the cached layer (`cached_attention`).
     """
     q, k, v = self.project_qkv(x, cos, sin)
     kv = (kv_cache.write(kv[0], layer, start, k), kv_cache.write(kv[1], layer, start, v))
-    if not prefill:
-      k, v = kv_cache.read(kv[0], layer), kv_cache.read(kv[1], layer)
-    out = attention_lib.attention(q, k, v, info, self.cfg.attention_impl,
-                                  self.cfg.attention_block_size)
+    if prefill:
+      out = attention_lib.attention(q, k, v, info, self.cfg.attention_impl,
+                                    self.cfg.attention_block_size)
+    else:
+      out = attention_lib.cached_attention(
+          q, kv_cache.read(kv[0], layer), kv_cache.read(kv[1], layer), info)
     return self.output(out), kv
 
 
