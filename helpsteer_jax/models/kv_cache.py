@@ -4,9 +4,9 @@ One buffer per keys and values, stacked over layers like the parameters:
 [layers, batch, kv_heads, length, head_dim]. Heads come before positions so
 that a decode step's attention reads each (batch, head)'s keys and values as
 one contiguous [length, head_dim] matrix: with positions first, XLA
-transposed the whole cached layer for every step (a third of the decode time
-at batch 16). Every row writes the same slot
-at each step (prompts are left-padded to one length), so a write is a single
+transposed the whole cached layer at every step (a quarter of the decode
+time at batch 16). Every row writes the same slot at each step (prompts are
+left-padded to one length), so a write is a single
 `dynamic_update_slice` into the loop-carried buffer, done in place.
 `segment_ids` marks filled slots (1) against empty and padding slots (0);
 the attention mask reads it exactly as it reads training segment ids.
