@@ -279,7 +279,8 @@ def attention(q, k, v, info: MaskInfo, impl: str, block_size: int = 256) -> jax.
     self_attention = (q.shape[1] == k.shape[1] and isinstance(info.q_offset, int)
                       and info.q_offset == 0)
     if not self_attention:
-      # Decoding against a cache: a dense block is exact and small.
+      # Queries offset into the keys (the model decodes through
+      # `cached_attention` instead): the dense path is exact.
       return xla_attention(q, k, v, info)
     fn = {"blockwise": functools.partial(blockwise_attention, block_size=block_size),
           "splash": functools.partial(splash_attention, block_size=block_size),
