@@ -12,11 +12,29 @@ process executes the same program; they form one global mesh after
   read them from the cluster (TPU metadata, SLURM variables).
 - `local_device_ids`: the accelerators this process owns (default: all
   visible, or SLURM's `SLURM_LOCALID` GPU with one process per GPU).
+- `initialization_timeout`: seconds to wait for every process to join.
+- `heartbeat_timeout`: seconds after which a process that stopped sending
+  heartbeats counts as lost; the others then exit (see `PeerWatchdog`).
+
+A lost peer would otherwise leave the survivors blocked in their next
+collective for ever (ICI and gloo collectives have no useful timeout). JAX's
+coordination service notices the missing heartbeats; the job is marked
+recoverable so that the service reports the loss instead of aborting every
+process, and `PeerWatchdog` turns it into one line on stderr and exit status
+`PEER_LOST_EXIT` (75, EX_TEMPFAIL: rerun all processes to resume from the
+last checkpoint). If process 0, which hosts the coordination service, is the
+one lost, JAX's runtime ends the others at once with its own message
+("...the leader task was preempted/died...").
 """
 
 from __future__ import annotations
 
+import json
 import os
+import sys
+import threading
+import time
+from typing import Any
 
 import jax
 import ml_collections
@@ -25,13 +43,15 @@ from absl import logging
 from helpsteer_jax.errors import ConfigError
 
 MODES = ("auto", "always", "never")
+PEER_LOST_EXIT = 75  # os.EX_TEMPFAIL: a transient failure, rerunning resumes
+_KEY = "helpsteer_jax"
 
 
 def distributed_config(**overrides) -> ml_collections.ConfigDict:
   """The `config.distributed` section."""
   cfg = ml_collections.ConfigDict(dict(
       mode="auto", coordinator_address="", num_processes=-1, process_id=-1,
-      local_device_ids="", initialization_timeout=300))
+      local_device_ids="", initialization_timeout=300, heartbeat_timeout=100))
   cfg.update(overrides)
   return cfg
 
@@ -67,11 +87,90 @@ def _device_ids(value: str) -> list[int] | None:
                       " integers such as 0,1") from None
 
 
+def _check_explicit(cfg: ml_collections.ConfigDict) -> None:
+  if cfg.num_processes < 1 or cfg.process_id < 0:
+    raise ConfigError("distributed.coordinator_address is set: also set"
+                      " distributed.num_processes and distributed.process_id")
+  if cfg.process_id >= cfg.num_processes:
+    raise ConfigError(f"distributed.process_id={cfg.process_id} is out of range for"
+                      f" distributed.num_processes={cfg.num_processes}: give each process"
+                      f" a distinct id in 0..{cfg.num_processes - 1}")
+  if ":" not in cfg.coordinator_address:
+    raise ConfigError(f"distributed.coordinator_address={cfg.coordinator_address!r}: expected"
+                      " host:port (process 0's host and a free port)")
+
+
+def _client():
+  from jax._src import distributed as jax_distributed
+  return jax_distributed.global_state.client
+
+
+def _join_message(cfg: ml_collections.ConfigDict, why: str) -> str:
+  where = cfg.coordinator_address or "the detected coordinator"
+  return (f"could not join the process group at {where} as process {cfg.process_id} of"
+          f" {cfg.num_processes} within distributed.initialization_timeout="
+          f"{cfg.initialization_timeout} s ({why}); check that distributed.coordinator_address"
+          " is process 0's host:port, that process 0 is running, and that every process was"
+          " started with the same distributed.num_processes and its own process_id")
+
+
+class _JoinDeadline:
+  """Ends the process with `_join_message` shortly before JAX's own join timeout.
+
+  When joining fails (no coordinator, too few processes), JAX's runtime
+  aborts the process from a thread of its own, with a stack trace and no
+  hint of which setting is wrong; this says it in one line first.
+  """
+
+  def __init__(self, cfg: ml_collections.ConfigDict):
+    timeout = float(cfg.initialization_timeout)
+    self.seconds = timeout - min(2.0, timeout / 5)
+    self.cfg = cfg
+    self._done = threading.Event()
+
+  def __enter__(self) -> "_JoinDeadline":
+    threading.Thread(target=self._expire, name="helpsteer-join-deadline", daemon=True).start()
+    return self
+
+  def _expire(self) -> None:
+    if not self._done.wait(self.seconds):
+      _exit_with(_join_message(self.cfg, "not every process joined in time"), 2)
+
+  def __exit__(self, *exc) -> None:
+    self._done.set()
+
+
+def _check_agreement(cfg: ml_collections.ConfigDict) -> None:
+  """Every process must have been started with the same process count."""
+  client = _client()
+  pid, count = jax.process_index(), jax.process_count()
+  mine = int(cfg.num_processes) if cfg.num_processes > 0 else count
+  client.key_value_set(f"{_KEY}/num_processes/{pid}", str(mine))
+  timeout_ms = int(cfg.initialization_timeout) * 1000
+  for other in range(count):
+    if other == pid:
+      theirs = count  # the process group's own count
+    else:
+      try:
+        theirs = int(client.blocking_key_value_get(f"{_KEY}/num_processes/{other}", timeout_ms))
+      except Exception as e:  # noqa: BLE001 - a timeout: that process never got this far
+        raise ConfigError(f"process {other} did not report within distributed."
+                          f"initialization_timeout={cfg.initialization_timeout} s ({e}); start"
+                          f" every process with the same distributed.num_processes={count}") from None
+    if theirs != mine:
+      who = "the process group has" if other == pid else f"process {other} was started with"
+      raise ConfigError(f"this process (id {pid}) was started with distributed.num_processes="
+                        f"{mine} but {who} {theirs}: start every process with the same"
+                        " distributed.num_processes")
+
+
 def initialize(cfg: ml_collections.ConfigDict | None) -> bool:
   """Joins the process group described by `cfg` (or the environment).
 
   Must run before anything touches a JAX backend. Returns whether this is a
-  multi-process run. Idempotent.
+  multi-process run. Idempotent. A process that cannot join (wrong address,
+  mismatched process count, unreachable peers) fails with `ConfigError`
+  after `initialization_timeout` seconds at most.
   """
   if cfg is None or cfg.mode == "never":
     return False
@@ -83,21 +182,139 @@ def initialize(cfg: ml_collections.ConfigDict | None) -> bool:
   kind = "explicit" if explicit else cluster_detected()
   if cfg.mode == "auto" and not kind:
     return False
-  kwargs = dict(initialization_timeout=int(cfg.initialization_timeout))
+  if int(cfg.heartbeat_timeout) < 1:
+    raise ConfigError(f"distributed.heartbeat_timeout={cfg.heartbeat_timeout}: give a number"
+                      " of seconds >= 1 (pods: 100 or more)")
+  kwargs = dict(initialization_timeout=int(cfg.initialization_timeout),
+                heartbeat_timeout_seconds=int(cfg.heartbeat_timeout))
   if explicit:
-    if cfg.num_processes < 1 or cfg.process_id < 0:
-      raise ConfigError("distributed.coordinator_address is set: also set"
-                        " distributed.num_processes and distributed.process_id")
+    _check_explicit(cfg)
     kwargs.update(coordinator_address=cfg.coordinator_address,
                   num_processes=int(cfg.num_processes), process_id=int(cfg.process_id))
   ids = _device_ids(cfg.local_device_ids)
   if ids is not None:
     kwargs["local_device_ids"] = ids
-  jax.distributed.initialize(**kwargs)
+  # A lost process is reported by the service rather than aborting everyone,
+  # so PeerWatchdog can say what happened (see the module docstring).
+  jax.config.update("jax_enable_recoverability", True)
+  with _JoinDeadline(cfg):
+    try:
+      jax.distributed.initialize(**kwargs)
+    except (ValueError, TypeError) as e:
+      raise ConfigError(f"distributed: {e}") from None
+    except Exception as e:  # noqa: BLE001 - the runtime's errors (deadline, unavailable)
+      why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+      raise ConfigError(_join_message(cfg, why)) from None
+    _check_agreement(cfg)
+  PeerWatchdog(int(cfg.heartbeat_timeout)).start()
   logging.info("process %d of %d (%s cluster), %d local / %d global devices",
                jax.process_index(), jax.process_count(), kind or "configured",
                jax.local_device_count(), jax.device_count())
   return True
+
+
+class PeerWatchdog:
+  """Ends this process when another one of the job is lost.
+
+  Polls the coordination service's list of live processes (kept from the
+  processes' heartbeats, which JAX sends from a thread of its own, so a busy
+  Python thread is never mistaken for a dead host). The service answers that
+  call once every live process has made it, so all watchdogs poll together.
+  A process that finished normally announces it first and is not reported.
+  """
+
+  _active: "PeerWatchdog | None" = None
+
+  def __init__(self, heartbeat_timeout: int):
+    self.heartbeat_timeout = heartbeat_timeout
+    self.interval = min(5.0, max(0.5, heartbeat_timeout / 10))
+    self._stop = threading.Event()
+
+  def start(self) -> "PeerWatchdog":
+    if jax.process_count() > 1:
+      threading.Thread(target=self._run, name="helpsteer-peer-watchdog", daemon=True).start()
+      PeerWatchdog._active = self
+    return self
+
+  def _finished_peers(self, client) -> set[int]:
+    try:
+      return {int(k.rsplit("/", 1)[1]) for k, _ in client.key_value_dir_get(f"{_KEY}/finished/")}
+    except Exception:  # noqa: BLE001 - the service is gone: the live-node check reports it
+      return set()
+
+  def _run(self) -> None:
+    client, me, count = _client(), jax.process_index(), jax.process_count()
+    everyone = list(range(count))
+    while not self._stop.wait(self.interval):
+      try:
+        live = set(client.get_live_nodes(everyone))
+      except Exception as e:  # noqa: BLE001
+        if self._stop.is_set():
+          return
+        _peer_lost(f"process {me} of {count} lost the coordination service on process 0"
+                   f" ({str(e).strip().splitlines()[0][:160] if str(e).strip() else e})")
+      lost = sorted(set(everyone) - live - self._finished_peers(client))
+      if lost and not self._stop.is_set():
+        _peer_lost(f"process {me} of {count}: process(es) {lost} stopped sending heartbeats for"
+                   f" {self.heartbeat_timeout} s (distributed.heartbeat_timeout) and are lost")
+
+  def stop(self) -> None:
+    self._stop.set()
+
+
+def _peer_lost(message: str) -> None:
+  _exit_with(f"{message}; rerun every process to resume from the last complete checkpoint",
+             PEER_LOST_EXIT)
+
+
+def _exit_with(message: str, status: int) -> None:
+  """One line on stderr, then exit at once (from any thread, even mid-collective)."""
+  sys.stderr.write(f"\nerror: {message}\n")  # a progress bar may hold the current line
+  sys.stderr.flush()
+  os._exit(status)
+
+
+def finish(timeout: float = 300) -> None:
+  """Ends a multi-process run cleanly: after every process got here, process 0 last.
+
+  The others disconnect first: process 0 hosts the coordination service, and
+  a process still connected when it goes away is aborted by JAX's runtime.
+  A peer that fails on the way here is reported by the watchdog.
+  """
+  watchdog = PeerWatchdog._active
+  if watchdog is None or not jax.distributed.is_initialized():
+    return
+  client, me = _client(), jax.process_index()
+  client.key_value_set(f"{_KEY}/finished/{me}", "1")
+  client.wait_at_barrier(f"{_KEY}/finish", int(timeout * 1000))
+  watchdog.stop()
+  if me == 0:
+    # Returns once every other process has called it or is gone; theirs
+    # no longer call it, so this waits for them to disconnect.
+    client.get_live_nodes(list(range(jax.process_count())))
+  jax.distributed.shutdown()
+
+
+def broadcast_from_primary(value: Any) -> Any:
+  """Process 0's `value` on every process (a JSON-serialisable decision).
+
+  Decisions that end a loop, skip work or pick a file must be the same on
+  every process; the ones read from a shared filesystem (which another
+  process may be writing) are made on process 0 and broadcast.
+  """
+  if jax.process_count() == 1:
+    return value
+  global _broadcasts
+  _broadcasts += 1
+  key = f"{_KEY}/broadcast/{_broadcasts}"
+  client = _client()
+  if jax.process_index() == 0:
+    client.key_value_set(key, json.dumps(value))
+    return value
+  return json.loads(client.blocking_key_value_get(key, 3_600_000))
+
+
+_broadcasts = 0
 
 
 def quiet_non_primary() -> None:

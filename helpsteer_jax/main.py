@@ -6,6 +6,7 @@ python -m helpsteer_jax.main --config=configs/<task>.py[:preset] \
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 
@@ -24,6 +25,13 @@ _WORKDIR = flags.DEFINE_string(
 
 def _fail(message: str) -> None:
   print(f"error: {message}", file=sys.stderr)
+  jax = sys.modules.get("jax")
+  if jax is not None and jax.distributed.is_initialized():
+    # Every process fails alike; leaving without JAX's shutdown handshake
+    # keeps one that exits first from aborting the others.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(2)
   sys.exit(2)
 
 
@@ -93,6 +101,7 @@ def main(argv: list[str]) -> None:
     distributed.quiet_non_primary()
     logging.info("task=%s workdir=%s", config.task, workdir)
     task.run(config, workdir)
+    distributed.finish()
   except DataError as e:
     _fail(f"{e}\n(fix the record, or run with --config.data.on_bad_record=skip to skip"
           " bad records and have them counted and reported at the end)")

@@ -12,9 +12,9 @@ current model is a configuration error, never silently skipped.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import pathlib
-import signal
-import threading
 from typing import Any
 
 import grain
@@ -25,33 +25,84 @@ from absl import logging
 from helpsteer_jax.errors import ConfigError
 
 
+class _Manager(ocp.CheckpointManager):
+  """Orbax's manager, asking the loop's preemption decision for this step.
+
+  Orbax would otherwise call JAX's preemption sync point itself with the step
+  number, interleaved with the loop's own calls (train/preemption.py).
+  """
+
+  preempted_at: int | None = None
+
+  def reached_preemption(self, step: int) -> bool:
+    return step == self.preempted_at
+
+
+class _IteratorHandler(grain.checkpoint.CheckpointHandler):
+  """grain's handler, restorable on another number of processes.
+
+  Every process feeds the same global batches, so every process's iterator
+  state is the same and any of them restores a run of any process count.
+  """
+
+  def restore(self, directory, item=None, args=None):
+    from grain._src.core import sharding as grain_sharding
+    index, count = grain_sharding.get_process_index_and_count()
+    own = directory / f"process_{index}-of-{count}.json"
+    if not own.exists():
+      saved = sorted(directory.glob("process_0-of-*.json")) or sorted(directory.glob("process_*.json"))
+      if not saved:
+        raise ValueError(f"no data iterator state in {directory}")
+      item = item or args.item
+      state = saved[0].read_text()
+      item.set_state(json.loads(state) if isinstance(item, grain.DatasetIterator) else state.encode())
+      item.start_prefetch()
+      return item
+    return super().restore(directory, item=item, args=args)
+
+
+@ocp.args.register_with_handler(_IteratorHandler, for_save=True)
+@dataclasses.dataclass
+class IteratorSave(ocp.args.CheckpointArgs):
+  item: Any
+
+
+@ocp.args.register_with_handler(_IteratorHandler, for_restore=True)
+@dataclasses.dataclass
+class IteratorRestore(ocp.args.CheckpointArgs):
+  item: Any
+
+
 class Checkpointer:
-  """Save every `save_every` steps, keep `keep`, resume from the latest."""
+  """Save every `save_every` steps and on preemption, keep `keep`, resume from the latest."""
 
   def __init__(self, directory: str | pathlib.Path, save_every: int, keep: int,
                async_save: bool = True):
     self.directory = pathlib.Path(directory).absolute()
-    self.save_every = max(int(save_every), 1)
+    policies = ocp.checkpoint_managers
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep,
-        enable_async_checkpointing=async_save, create=True)
-    self.manager = ocp.CheckpointManager(
+        max_to_keep=keep, enable_async_checkpointing=async_save, create=True,
+        save_decision_policy=policies.AnySavePolicy([
+            policies.FixedIntervalPolicy(max(int(save_every), 1)),
+            policies.PreemptionCheckpointingPolicy()]))
+    self.manager = _Manager(
         self.directory, options=options, item_names=("state", "data"),
         item_handlers={"state": ocp.StandardCheckpointHandler(),
-                       "data": grain.checkpoint.CheckpointHandler()})
+                       "data": _IteratorHandler()})
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
-  def save(self, step: int, state: Any, data_iterator: Any, force: bool = False) -> bool:
-    """Saves every `save_every` steps (or now, with `force`); asynchronous."""
-    if not force and step % self.save_every:
-      return False
+  def save(self, step: int, state: Any, data_iterator: Any, preempted: bool = False,
+           force: bool = False) -> bool:
+    """Saves when Orbax's policy says so (every `save_every` steps, or `preempted`)."""
+    self.manager.preempted_at = step if preempted else None
     args = ocp.args.Composite(state=ocp.args.StandardSave(state),
-                              data=grain.checkpoint.CheckpointSave(data_iterator))
-    saved = self.manager.save(step, args=args, force=True)
+                              data=IteratorSave(data_iterator))
+    saved = self.manager.save(step, args=args, force=force)
     if saved:
-      logging.info("checkpoint: saving step %d to %s", step, self.directory)
+      logging.info("checkpoint: saving step %d to %s%s", step, self.directory,
+                   " (preemption)" if preempted else "")
     return saved
 
   def save_final(self, step: int, state: Any, data_iterator: Any) -> None:
@@ -62,7 +113,7 @@ class Checkpointer:
   def restore(self, step: int, abstract_state: Any, data_iterator: Any) -> Any:
     """Restores into `abstract_state`'s shardings; sets the iterator's position."""
     args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
-                              data=grain.checkpoint.CheckpointRestore(data_iterator))
+                              data=IteratorRestore(data_iterator))
     restored = self.manager.restore(step, args=args)
     logging.info("checkpoint: restored step %d from %s", step, self.directory)
     return restored["state"]
@@ -123,32 +174,6 @@ class Checkpointer:
     self.manager.close()
 
 
-class PreemptionFlag:
-  """Set by SIGTERM (TPU maintenance, SLURM preemption); checked between steps."""
-
-  def __init__(self):
-    self._event = threading.Event()
-    self._previous = None
-
-  def install(self) -> "PreemptionFlag":
-    if threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
-    return self
-
-  def _handle(self, signum, frame):
-    logging.warning("SIGTERM received: saving a checkpoint after this step")
-    self._event.set()
-
-  @property
-  def requested(self) -> bool:
-    return self._event.is_set()
-
-  def uninstall(self) -> None:
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
-      self._previous = None
-
-
 def find_checkpoint(path: str | pathlib.Path) -> tuple[pathlib.Path, int]:
   """(checkpoints directory, latest step) from a task's workdir or its `checkpoints`."""
   path = pathlib.Path(path).expanduser().absolute()
@@ -183,7 +208,7 @@ def _params_manager(directory: pathlib.Path) -> ocp.CheckpointManager:
   return ocp.CheckpointManager(
       directory, item_names=("state", "data"),
       item_handlers={"state": ocp.PyTreeCheckpointHandler(),
-                     "data": grain.checkpoint.CheckpointHandler()})
+                     "data": _IteratorHandler()})
 
 
 def _resolve_step(manager: ocp.CheckpointManager, directory, step: int | None) -> int:

@@ -38,6 +38,7 @@ from helpsteer_jax.runtime import Runtime
 from helpsteer_jax.train import checkpoint as ckpt_lib
 from helpsteer_jax.train import metrics as metrics_lib
 from helpsteer_jax.train import optim
+from helpsteer_jax.train import preemption as preemption_lib
 from helpsteer_jax.train import state as state_lib
 
 LossFn = Callable[[nnx.Module, dict[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]]
@@ -245,7 +246,7 @@ class Trainer:
     end = min(tc.num_steps, stop_at) if stop_at is not None else tc.num_steps
     writer = metrics_lib.MetricsWriter(self.workdir)
     progress = metrics_lib.Progress(total=tc.num_steps, initial=start, desc=self.config.task)
-    preemption = ckpt_lib.PreemptionFlag().install()
+    preemption = preemption_lib.PreemptionSignal().install()
     peak = metrics_lib.peak_flops_per_device(tc.peak_flops, tc.cpu_peak_gflops * 1e9) * jax.device_count()
     last, eval_metrics, status = {}, {}, "finished"
     window_tokens, window_start, window_steps = 0, time.perf_counter(), 0
@@ -259,8 +260,9 @@ class Trainer:
         step += 1
         window_tokens += tokens
         window_steps += 1
-        self.checkpointer.save(step, self.state, self.train_iter)
-        if step % tc.log_every == 0 or step == end:
+        preempted = preemption.reached(step)  # the same answer on every process
+        self.checkpointer.save(step, self.state, self.train_iter, preempted=preempted)
+        if step % tc.log_every == 0 or step == end or preempted:
           fetched = {k: float(v) for k, v in jax.device_get(pending).items()}
           self._check_finite(step, fetched)
           elapsed = time.perf_counter() - window_start
@@ -273,13 +275,12 @@ class Trainer:
           last = fetched
           progress.update(window_steps, loss=f"{fetched['loss']:.4f}", tok_s=f"{tps:.0f}")
           window_tokens, window_start, window_steps = 0, time.perf_counter(), 0
+        if preempted:
+          status = "preempted"
+          break
         if tc.eval_every and step % tc.eval_every == 0 and step < end:
           eval_metrics = self.evaluate()
           writer.write(step, eval_metrics, prefix="eval_")
-        if preemption.requested:
-          self.checkpointer.save_final(step, self.state, self.train_iter)
-          status = "preempted"
-          break
       if status == "finished" and step < tc.num_steps:
         status = "stopped"
       if status != "preempted":
