@@ -112,9 +112,10 @@ def test_sigterm_to_both_at_different_steps_stops_once_and_resumes_on_one_proces
   group.signal(1, signal.SIGTERM)
   step = _preempted(workdir, group.wait())
 
-  # One process of eight devices restores the two-process checkpoint
-  # (resharded; the data position read from process 0's file) and continues.
-  proc = run_main(*_RUN, *inputs, f"--workdir={workdir}", devices=8)
+  # One process of eight devices on another mesh (fsdp=4) restores the
+  # two-process checkpoint (resharded; data position from process 0's file).
+  proc = run_main(*_RUN, *inputs, f"--workdir={workdir}", "--config.mesh.data=1",
+                  "--config.mesh.fsdp=4", "--config.mesh.tensor=2", devices=8)
   assert f"resuming at step {step}" in proc.stderr
   resumed = _losses(workdir)
   after = range(step + 1, STEPS + 1)
