@@ -2,9 +2,11 @@
 
 Import streams a safetensors checkpoint onto a device mesh one tensor (and
 for stacked layer parameters one layer) at a time, so the host never holds
-more than one layer's tensor and every parameter is born sharded. Export
-gathers one layer of one parameter at a time and streams it into
-safetensors files that `transformers.AutoModelForCausalLM` loads.
+more than one layer's tensor and every parameter is born sharded; each
+process reads only the blocks of that tensor its own devices hold. Export
+gathers one layer of one parameter at a time (onto every process) and
+process 0 streams it into safetensors files that
+`transformers.AutoModelForCausalLM` loads.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import dataclasses
 import functools
 import json
 import logging
+import math
 import os
 import shutil
 from typing import Any, Callable
@@ -58,68 +61,103 @@ class CheckpointError(ConfigError):
 
 @dataclasses.dataclass(frozen=True)
 class ParamMapping:
-  """How one of our parameters relates to HF tensors (`{i}` = layer)."""
+  """How one of our parameters relates to a HF tensor (`{i}` = layer).
+
+  Ours (one layer of it, for stacked layer parameters) is the HF tensor,
+  transposed if `transpose`, with axis j of the result split into the axes
+  `axes[j]`: q_proj's `[n * hd, d] -> [d, n, hd]` is `transpose=True,
+  axes=((d,), (n, hd))`.
+  """
 
   path: tuple[str, ...]
   hf_name: str
-  hf_shape: tuple[int, ...]
-  to_ours: Callable[[np.ndarray], np.ndarray]
-  to_hf: Callable[[np.ndarray], np.ndarray]
+  axes: tuple[tuple[int, ...], ...]
+  transpose: bool = False
 
   @property
   def layered(self) -> bool:
     return "{i}" in self.hf_name
 
+  @property
+  def shape(self) -> tuple[int, ...]:
+    """Our shape (of one layer)."""
+    return tuple(n for group in self.axes for n in group)
 
-def _identity(x: np.ndarray) -> np.ndarray:
-  return x
+  @property
+  def hf_shape(self) -> tuple[int, ...]:
+    merged = tuple(math.prod(group) for group in self.axes)
+    return merged[::-1] if self.transpose else merged
+
+  def to_ours(self, x: np.ndarray, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    """A HF tensor (or a block of it, which is `shape` in our layout) as ours."""
+    return (x.T if self.transpose else x).reshape(shape or self.shape)
+
+  def to_hf(self, a: np.ndarray) -> np.ndarray:
+    merged = a.reshape(tuple(math.prod(group) for group in self.axes))
+    return merged.T if self.transpose else merged
+
+  def read(self, get: Callable[[st.Index], np.ndarray], index: st.Index) -> np.ndarray:
+    """Our block `index` (a slice per axis), read with `get(hf_index)`.
+
+    `get` is asked for the bounding block of the HF tensor only: where one
+    HF axis is split into several of ours (heads and head_dim), for whole
+    runs of the inner axes; the rest is sliced off after the conversion.
+    """
+    bounds, shape, rest = [], [], []
+    ranges = iter(_ranges(index, self.shape))
+    for group in self.axes:
+      (start, stop), *inner = (next(ranges) for _ in group)
+      run = math.prod(group[1:])
+      bounds.append(slice(start * run, stop * run))
+      shape += [stop - start, *group[1:]]
+      rest += [slice(None), *(slice(*r) for r in inner)]
+    hf_index = tuple(bounds[::-1] if self.transpose else bounds)
+    return self.to_ours(get(hf_index), tuple(shape))[tuple(rest)]
 
 
-def _transpose(x: np.ndarray) -> np.ndarray:
-  return x.T
+def _ranges(index: st.Index, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+  """(start, stop) of each axis of a block index with unit steps."""
+  out = []
+  for sl, n in zip(index + (slice(None),) * (len(shape) - len(index)), shape):
+    start, stop, step = sl.indices(n)
+    if step != 1:
+      raise ValueError(f"block index {index} has a step")
+    out.append((start, stop))
+  return tuple(out)
 
 
 def param_mappings(cfg: ModelConfig) -> list[ParamMapping]:
-  """Every parameter of `Llama(cfg)` with its HF name, shape and conversion."""
+  """Every parameter of `Llama(cfg)` with its HF name and layout."""
   d, f, v, hd = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
   h, k = cfg.num_heads, cfg.num_kv_heads
   pre = "model.layers.{i}."
 
-  def qkv(name: str, n: int) -> ParamMapping:
-    return ParamMapping(("layers", "attn", name), f"{pre}self_attn.{name}.weight",
-                        (n * hd, d), lambda w: w.T.reshape(d, n, hd),
-                        lambda a: a.reshape(d, n * hd).T)
-
-  def bias(name: str, proj: str, n: int) -> ParamMapping:
-    return ParamMapping(("layers", "attn", name), f"{pre}self_attn.{proj}.bias",
-                        (n * hd,), lambda b: b.reshape(n, hd),
-                        lambda a: a.reshape(n * hd))
+  def attn(name: str, theirs: str, axes: tuple[tuple[int, ...], ...],
+           transpose: bool = True) -> ParamMapping:
+    return ParamMapping(("layers", "attn", name), f"{pre}self_attn.{theirs}", axes, transpose)
 
   def norm(ours: str, theirs: str) -> ParamMapping:
-    return ParamMapping(("layers", ours, "scale"), f"{pre}{theirs}.weight", (d,),
-                        _identity, _identity)
+    return ParamMapping(("layers", ours, "scale"), f"{pre}{theirs}.weight", ((d,),))
 
-  def mlp(name: str, shape: tuple[int, int]) -> ParamMapping:
-    return ParamMapping(("layers", "mlp", name), f"{pre}mlp.{name}.weight", shape,
-                        _transpose, _transpose)
+  def mlp(name: str, axes: tuple[tuple[int, ...], ...]) -> ParamMapping:
+    return ParamMapping(("layers", "mlp", name), f"{pre}mlp.{name}.weight", axes, True)
 
-  out = [ParamMapping(("embed",), "model.embed_tokens.weight", (v, d),
-                      _identity, _identity),
+  out = [ParamMapping(("embed",), "model.embed_tokens.weight", ((v,), (d,))),
          norm("input_norm", "input_layernorm"),
-         qkv("q_proj", h), qkv("k_proj", k), qkv("v_proj", k)]
+         attn("q_proj", "q_proj.weight", ((d,), (h, hd))),
+         attn("k_proj", "k_proj.weight", ((d,), (k, hd))),
+         attn("v_proj", "v_proj.weight", ((d,), (k, hd)))]
   if cfg.attention_bias:
-    out += [bias("q_bias", "q_proj", h), bias("k_bias", "k_proj", k),
-            bias("v_bias", "v_proj", k)]
-  out += [ParamMapping(("layers", "attn", "o_proj"), f"{pre}self_attn.o_proj.weight",
-                       (d, h * hd), lambda w: w.T.reshape(h, hd, d),
-                       lambda a: a.reshape(h * hd, d).T),
+    out += [attn("q_bias", "q_proj.bias", ((h, hd),), False),
+            attn("k_bias", "k_proj.bias", ((k, hd),), False),
+            attn("v_bias", "v_proj.bias", ((k, hd),), False)]
+  out += [attn("o_proj", "o_proj.weight", ((h, hd), (d,))),
           norm("post_attention_norm", "post_attention_layernorm"),
-          mlp("gate_proj", (f, d)), mlp("up_proj", (f, d)), mlp("down_proj", (d, f)),
-          ParamMapping(("final_norm", "scale"), "model.norm.weight", (d,),
-                       _identity, _identity)]
+          mlp("gate_proj", ((d,), (f,))), mlp("up_proj", ((d,), (f,))),
+          mlp("down_proj", ((f,), (d,))),
+          ParamMapping(("final_norm", "scale"), "model.norm.weight", ((d,),))]
   if not cfg.tie_word_embeddings:
-    out.append(ParamMapping(("lm_head",), "lm_head.weight", (v, d),
-                            _transpose, _transpose))
+    out.append(ParamMapping(("lm_head",), "lm_head.weight", ((d,), (v,)), True))
   return out
 
 
@@ -154,8 +192,23 @@ def _insert_fn(sharding: NamedSharding):
   return jax.jit(insert, donate_argnums=0, out_shardings=sharding)
 
 
-def _to_device(host: np.ndarray, sharding: NamedSharding) -> jax.Array:
-  return jax.make_array_from_callback(host.shape, sharding, lambda idx: host[idx])
+def _read_sharded(reader: st.CheckpointReader, m: ParamMapping, name: str,
+                  sharding: NamedSharding, dtype: np.dtype) -> jax.Array:
+  """HF tensor `name` as our `m.shape` on `sharding`.
+
+  Reads only the blocks this process's devices hold, each distinct block once
+  (replicas share it).
+  """
+  blocks: dict[tuple[tuple[int, int], ...], np.ndarray] = {}
+
+  def block(index: st.Index) -> np.ndarray:
+    key = _ranges(index, m.shape)
+    if key not in blocks:
+      blocks[key] = m.read(lambda hf_index: reader.get(name, hf_index), index).astype(
+          dtype, copy=False)
+    return blocks[key]
+
+  return jax.make_array_from_callback(m.shape, sharding, block)
 
 
 def _check_tensors(reader: st.CheckpointReader, cfg: ModelConfig) -> None:
@@ -182,34 +235,38 @@ def _check_tensors(reader: st.CheckpointReader, cfg: ModelConfig) -> None:
 
 def load_hf_state(path: str | os.PathLike, cfg: ModelConfig, mesh: Mesh,
                   rules: sharding_lib.Rules = sharding_lib.DEFAULT_RULES,
+                  reader: st.CheckpointReader | None = None,
                   ) -> tuple[nnx.GraphDef, nnx.State]:
   """Reads a safetensors checkpoint into a state sharded on `mesh` by `rules`.
 
   Tensors are converted to `cfg.param_dtype` one at a time; stacked layer
-  parameters are filled one layer at a time into a sharded buffer.
+  parameters are filled one layer at a time into a sharded buffer. Each
+  process reads only the blocks of each tensor that its devices hold
+  (`reader.bytes_read` counts them; pass a reader to look).
   """
-  reader = st.CheckpointReader(path)
+  if reader is None:
+    reader = st.CheckpointReader(path)
   _check_tensors(reader, cfg)
   graphdef, abstract = builder.abstract_model(cfg)
   shardings = dict(nnx.to_flat_state(builder.state_shardings(abstract, mesh, rules)))
   shapes = {path: tuple(v.shape) for path, v in nnx.to_flat_state(abstract)}
   dtype = np.dtype(cfg.weight_dtype)
   values: dict[tuple[str, ...], jax.Array] = {}
+  start = reader.bytes_read
   for m in param_mappings(cfg):
     target = shardings[m.path]
     target = target.get_value() if isinstance(target, nnx.Variable) else target
     if not m.layered:
-      values[m.path] = _to_device(
-          np.asarray(m.to_ours(reader.get(m.hf_name).astype(dtype))), target)
+      values[m.path] = _read_sharded(reader, m, m.hf_name, target, dtype)
       continue
     layer_sharding = NamedSharding(mesh, PartitionSpec(*target.spec[1:]))
     full = _zeros_fn(shapes[m.path], dtype, target)()
     for i in range(cfg.num_layers):
-      name = m.hf_name.format(i=i)
-      layer = _to_device(np.asarray(m.to_ours(reader.get(name).astype(dtype))),
-                         layer_sharding)
+      layer = _read_sharded(reader, m, m.hf_name.format(i=i), layer_sharding, dtype)
       full = _insert_fn(target)(full, layer, np.int32(i))
     values[m.path] = full
+  logger.info("Read %.1f MB of %s on process %d", (reader.bytes_read - start) / 1e6,
+              reader.source, jax.process_index())
 
   def fill(keypath, var):
     return var.replace(values[tuple(k.key for k in keypath)])

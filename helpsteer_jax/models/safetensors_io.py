@@ -1,17 +1,21 @@
-"""Lazy reading and streaming writing of the safetensors file format.
+"""Reading and streaming writing of the safetensors file format.
 
 The format (https://huggingface.co/docs/safetensors): an 8-byte little-endian
 header length N, N bytes of JSON mapping tensor names to
 `{"dtype", "shape", "data_offsets": [begin, end]}` (offsets relative to the
 byte buffer after the header) plus an optional `__metadata__` string map,
-then the raw little-endian, C-ordered tensor bytes. `safetensors.safe_open`
-with `framework="numpy"` cannot return bfloat16, so this module parses the
-format itself: tensors are `np.memmap` views and are read from disk only when
-touched, and files are written one tensor at a time.
+then the raw little-endian, C-ordered tensor bytes.
+
+Reading goes through `safetensors.safe_open(path, framework="numpy")`, which
+serves every dtype of the HF checkpoints we import (bfloat16 as an
+`ml_dtypes` array), and its `get_slice`, which copies only the requested
+block of a tensor out of the memory-mapped file. Writing streams one tensor
+at a time.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
@@ -21,6 +25,7 @@ from typing import Callable, Mapping, Sequence
 
 import ml_dtypes
 import numpy as np
+import safetensors
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -37,6 +42,10 @@ _DTYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),
 }
 _NAMES = {v: k for k, v in _DTYPES.items()}
+# safetensors 0.8 looks float8 types up as numpy attributes, which fail.
+_UNREADABLE = ("F8_E4M3", "F8_E5M2")
+
+Index = tuple[slice, ...]
 
 
 class SafetensorsError(ValueError):
@@ -56,79 +65,81 @@ class TensorInfo:
   name: str
   dtype: np.dtype
   shape: tuple[int, ...]
-  begin: int
-  end: int
+
+  @property
+  def nbytes(self) -> int:
+    return math.prod(self.shape) * self.dtype.itemsize
 
 
 class SafetensorsFile:
-  """One `.safetensors` file, memory-mapped; tensors are lazy views."""
+  """One `.safetensors` file; tensors (or blocks of them) are read on demand.
+
+  The file is memory-mapped only while a read runs, so the pages a read
+  touched do not stay in this process's resident set.
+  """
 
   def __init__(self, path: str | os.PathLike):
     self.path = os.fspath(path)
-    size = os.path.getsize(self.path)
-    with open(self.path, "rb") as f:
-      raw = f.read(8)
-      if len(raw) != 8:
-        raise SafetensorsError(f"{self.path}: too short for a safetensors file")
-      (n,) = struct.unpack("<Q", raw)
-      if n > size - 8:
-        raise SafetensorsError(f"{self.path}: header length {n} exceeds the file")
-      try:
-        header = json.loads(f.read(n))
-      except json.JSONDecodeError as e:
-        raise SafetensorsError(f"{self.path}: unreadable header: {e}") from e
-    self.data_start = 8 + n
-    self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
-    self.tensors: dict[str, TensorInfo] = {}
-    for name, entry in header.items():
-      if entry["dtype"] not in _DTYPES:
-        raise SafetensorsError(
-            f"{self.path}: tensor {name!r} has unsupported dtype {entry['dtype']}")
-      dtype = _DTYPES[entry["dtype"]]
-      shape = tuple(int(s) for s in entry["shape"])
-      begin, end = (int(o) for o in entry["data_offsets"])
-      if end - begin != math.prod(shape) * dtype.itemsize or (
-          self.data_start + end > size):
-        raise SafetensorsError(
-            f"{self.path}: tensor {name!r} offsets {begin}:{end} do not match"
-            f" its shape {shape} / dtype {entry['dtype']} or the file size")
-      self.tensors[name] = TensorInfo(name, dtype, shape, begin, end)
-    self._mmap: np.memmap | None = None
+    with self._open() as f:
+      self.metadata: dict[str, str] = f.metadata() or {}
+      self.tensors: dict[str, TensorInfo] = {}
+      for name in f.keys():
+        block = f.get_slice(name)
+        dtype = block.get_dtype()
+        if dtype not in _DTYPES or dtype in _UNREADABLE:
+          raise SafetensorsError(
+              f"{self.path}: tensor {name!r} has unsupported dtype {dtype}")
+        self.tensors[name] = TensorInfo(name, _DTYPES[dtype], tuple(block.get_shape()))
+
+  def _open(self):
+    try:
+      return safetensors.safe_open(self.path, framework="numpy")
+    except safetensors.SafetensorError as e:
+      raise SafetensorsError(f"{self.path}: not a readable safetensors file ({e})") from None
+    except FileNotFoundError:
+      raise SafetensorsError(f"{self.path}: file not found") from None
 
   def keys(self) -> list[str]:
     return list(self.tensors)
 
-  def get(self, name: str) -> np.ndarray:
-    """A read-only, lazily loaded view of tensor `name`."""
+  def get(self, name: str, index: Index | None = None) -> np.ndarray:
+    """Tensor `name`, or only its block `index` (a tuple of slices)."""
     info = self.tensors[name]
-    if info.end == info.begin:
-      return np.zeros(info.shape, info.dtype)
-    if self._mmap is None:
-      self._mmap = np.memmap(self.path, dtype=np.uint8, mode="r")
-    buf = self._mmap[self.data_start + info.begin:self.data_start + info.end]
-    return buf.view(info.dtype).reshape(info.shape)
+    # A zero-stride view gives the block's shape (and checks the index).
+    shape = np.broadcast_to(np.zeros((), info.dtype), info.shape)[index or ()].shape
+    if 0 in shape:  # the library refuses to slice empty tensors
+      return np.zeros(shape, info.dtype)
+    with self._open() as f:
+      return f.get_slice(name)[index or ...]
 
 
 class CheckpointReader:
-  """The tensors of a HF checkpoint directory: one file or an index of shards."""
+  """The tensors of a HF checkpoint directory: one file or an index of shards.
+
+  `bytes_read` counts the bytes of every tensor or block served, in total
+  and per tensor (`bytes_by_tensor`), so a process can tell what it read.
+  """
 
   def __init__(self, directory: str | os.PathLike):
     self.directory = os.fspath(directory)
     index = os.path.join(self.directory, INDEX_FILE)
     single = os.path.join(self.directory, SINGLE_FILE)
+    self._files: dict[str, SafetensorsFile] = {}
     if os.path.exists(index):
       with open(index) as f:
         weight_map: Mapping[str, str] = json.load(f)["weight_map"]
       self.source = index
     elif os.path.exists(single):
-      weight_map = {n: SINGLE_FILE for n in SafetensorsFile(single).keys()}
+      self._files[SINGLE_FILE] = SafetensorsFile(single)
+      weight_map = {n: SINGLE_FILE for n in self._files[SINGLE_FILE].keys()}
       self.source = single
     else:
       raise FileNotFoundError(
           f"No {SINGLE_FILE} or {INDEX_FILE} in {self.directory}"
           " (only safetensors checkpoints are supported)")
     self.weight_map = dict(weight_map)
-    self._files: dict[str, SafetensorsFile] = {}
+    self.bytes_read = 0
+    self.bytes_by_tensor: collections.Counter[str] = collections.Counter()
 
   def names(self) -> list[str]:
     return list(self.weight_map)
@@ -153,8 +164,12 @@ class CheckpointReader:
   def info(self, name: str) -> TensorInfo:
     return self._file(name).tensors[name]
 
-  def get(self, name: str) -> np.ndarray:
-    return self._file(name).get(name)
+  def get(self, name: str, index: Index | None = None) -> np.ndarray:
+    """Tensor `name`, or only its block `index` (a tuple of slices)."""
+    out = self._file(name).get(name, index)
+    self.bytes_read += out.nbytes
+    self.bytes_by_tensor[name] += out.nbytes
+    return out
 
 
 # ---------------------------------------------------------------------------
