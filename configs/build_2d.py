@@ -1,23 +1,26 @@
 """Build HelpSteer-2D supervision: pairs -> segments -> attribute-model scores.
 
-  python -m helpsteer_jax.main --config=configs/build_2d.py \
-      --config.data.input_path=/data/helpsteer2/train.jsonl.gz \
-      --config.scorer.factory=package.module:make_scorer \
-      --config.scorer.checkpoint=/runs/attribute_model
+  python -m helpsteer_jax.main --config=configs/attribute_model.py      # train the demo RM
+  python -m helpsteer_jax.main --config=configs/build_2d.py             # score the demo pairs
+  python -m helpsteer_jax.main --config=configs/build_2d.py:llama3_70b \
+      --config.init.checkpoint=/runs/attribute_model --config.tokenizer=/models/Meta-Llama-3-70B \
+      --config.data.input_path=/data/helpsteer2/train.jsonl.gz
 
 Input: HelpSteer2 rows (paired by prompt, higher helpfulness chosen), HelpSteer2
-preference rows, or prompt/chosen/rejected JSONL. "" = the 2D demo pairs' texts. `scorer.factory` names a function taking `config.scorer` and returning
-a scorer: texts -> [n, 9] attribute predictions (see data/build_2d.py).
+preference rows, or prompt/chosen/rejected JSONL; "" = the 2D demo pairs' texts.
+`scorer.factory` is `attribute_model` (the project's attribute model from
+`init.checkpoint` / `model.hf_path`, on the mesh; presets as for annotate) or
+"package.module:function", a function taking `config.scorer` and returning a
+scorer: texts -> [n, 9] attribute predictions (see data/build_2d.py).
 """
 
 import ml_collections
 
 from helpsteer_jax import config_base
+from helpsteer_jax.reward_runtime import init_config, score_config, scoring_preset
 
 
 def get_config(preset: str = ""):
-  if preset not in ("", "demo"):
-    raise ValueError(f"unknown build_2d preset {preset!r}; choose demo")
   config = config_base.base_config("build_2d")
   config.data = ml_collections.ConfigDict(dict(
       input_path="",          # "" = the 2D demo pairs' prompt/chosen/rejected texts
@@ -25,10 +28,14 @@ def get_config(preset: str = ""):
       output_path="",         # "" = <workdir>/helpsteer_2d.jsonl
       max_pairs=0,            # 0 = all
       demo_rows=64,
-      score_max=4.0))
+      score_max=4.0,
+      truncation="truncate_left",  # or "drop": prefixes longer than score.max_len
+      add_bos=True))
   config.scorer = ml_collections.ConfigDict(dict(
-      factory="",             # "package.module:function" returning the attribute scorer
-      checkpoint="",          # passed to the factory (e.g. a trained attribute model run)
-      batch=64))
+      factory="attribute_model",  # or "package.module:function" returning a scorer
+      checkpoint="",          # passed to a user's factory (e.g. a trained attribute model run)
+      batch=512))             # texts per scorer call
+  config.init = init_config(checkpoint="workdir/attribute_model")
+  config.score = score_config()
   config.segment_score = "in_context"  # or "prefix_difference"
-  return config
+  return scoring_preset(config, preset)

@@ -14,6 +14,9 @@
   python -m helpsteer_jax.main --config=configs/generate.py:llama2_70b \
       --config.model.hf_path=/models/Llama2-70B-SteerLM-Chat --config.input=-
 
+Rerunning the same file-mode command resumes: rows already in the output are
+kept and only the rest are appended (with the seeds an uninterrupted run uses).
+
 Presets: the default (the `tiny` preset of the default AC-SFT run, whose
 checkpoints carry their own shapes; labels with the five HelpSteer
 attributes it was trained on), `llama2_70b`, `llama3_70b`, `llama3_8b` (all

@@ -1,4 +1,4 @@
-"""Building the reward model for the attribute-model, evaluation and annotation tasks.
+"""Building the reward model for the attribute-model, evaluation, annotation and build_2d tasks.
 
 The backbone comes from `model.hf_path` (an HF directory, e.g. an AC-SFT
 export), from `init.checkpoint` (a training task's workdir or its
@@ -20,8 +20,10 @@ from absl import logging
 from flax import nnx
 
 from helpsteer_jax import runtime
+from helpsteer_jax.data import rm as rm_data
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.inference.scoring import Scorer
 from helpsteer_jax.models import builder
 from helpsteer_jax.models.reward import RewardModel, reward_model
 from helpsteer_jax.train import checkpoint as ckpt_lib
@@ -122,6 +124,15 @@ def build_reward_model(config: ml_collections.ConfigDict, rt: runtime.Runtime) -
   params = jax.device_put(params, shardings)
   nnx.replace_by_pure_dict(abstract_state, params)
   return nnx.merge(graphdef, abstract_state)
+
+
+def build_scorer(config: ml_collections.ConfigDict, rt: runtime.Runtime,
+                 tokenizer) -> tuple[Scorer, rm_data.RegressionTokenizer]:
+  """The batched scorer over the mesh and the regression tokenizer (`config.score`)."""
+  scorer = Scorer(build_reward_model(config, rt), rt, config.score.batch_size,
+                  config.score.pad_multiple)
+  return scorer, rm_data.RegressionTokenizer(tokenizer, config.score.max_len,
+                                             config.data.truncation, config.data.add_bos)
 
 
 def require_trained(config: ml_collections.ConfigDict, what: str) -> None:

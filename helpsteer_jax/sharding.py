@@ -255,6 +255,14 @@ def host_local_batch_slice(global_batch: int) -> slice:
   return slice(start, start + per)
 
 
+def local_row_count(sharding: NamedSharding, rows: int, real_rows: int) -> int:
+  """How many of the first `real_rows` of a [rows] array this process's devices hold."""
+  held: set[int] = set()
+  for index in sharding.addressable_devices_indices_map((rows,)).values():
+    held.update(range(*index[0].indices(rows)))
+  return sum(r < real_rows for r in held)
+
+
 def to_global_array(local: np.ndarray, mesh: Mesh, spec: PartitionSpec) -> jax.Array:
   """Assembles a global array from each process's contiguous rows."""
   sharding = NamedSharding(mesh, spec)

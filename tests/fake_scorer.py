@@ -33,3 +33,19 @@ def make(scorer_config):
 
   scorer.calls = calls
   return scorer
+
+
+def make_recording(scorer_config):
+  """`make`, appending each call's text count to `<scorer.checkpoint>/calls_<process>.txt`."""
+  import pathlib
+
+  import jax
+  scorer = make(scorer_config)
+  log = pathlib.Path(scorer_config.checkpoint) / f"calls_{jax.process_index()}.txt"
+
+  def recording(texts):
+    with open(log, "a") as f:
+      f.write(f"{len(texts)}\n")
+    return scorer(texts)
+
+  return recording

@@ -73,11 +73,22 @@ def test_task_writes_valid_helpsteer_2d(tmp_path, helpsteer2_sample):
 
 def test_task_needs_a_scorer(tmp_path):
   from helpsteer_jax.tasks import build_2d as task
-  with pytest.raises(ConfigError, match="scorer.factory"):
-    task.run(load_config("build_2d"), str(tmp_path))
   config = load_config("build_2d")
+  config.scorer.factory = ""
+  with pytest.raises(ConfigError, match="scorer.factory"):
+    task.run(config, str(tmp_path))
   config.scorer.factory = "fake_scorer:nope"
   with pytest.raises(ConfigError, match="cannot be loaded"):
     task.run(config, str(tmp_path))
   with pytest.raises(ConfigError, match="returned shape"):
     build_2d.score_pairs(PLAIN, lambda texts: np.zeros((len(texts), 5)))
+
+
+def test_pairs_with_an_unscored_segment_are_left_out():
+  def scorer(texts):  # NaN (too long for the model) for one prefix of the second pair
+    out = np.stack([fake_scorer.fake_attributes(t) for t in texts])
+    out[["I like trains. red." in t for t in texts]] = np.nan
+    return out
+
+  built = build_2d.score_pairs(PLAIN, scorer)
+  assert [p.prompt for p in built] == [PLAIN[0].prompt]

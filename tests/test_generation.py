@@ -183,6 +183,35 @@ def test_best_of_n_keeps_the_highest_weighted_reward(tokenizer):
     best_of_n.weight_vector({"wit": 1.0})
 
 
+def test_file_mode_resumes_mid_batch_as_an_uninterrupted_run(tmp_path, tokenizer):
+  from helpsteer_jax.tasks import generate as generate_task
+  config = _task_config()
+  config.batch_size, config.max_new_tokens, config.seed = 2, 6, 5
+  config.sampling.temperature = 1.0
+  sampling = generate_task.sampling_config(config)
+  gen = _generator(tokenizer)
+  requests = [steering.make_request(p, {"verbosity": i % 5}, extra={"id": i})
+              for i, p in enumerate(demo.heldout_prompts(7))]
+  full = tmp_path / "full.jsonl"
+  assert generate_task.answer_all(gen, requests, config, sampling, full) == 0
+  lines = full.read_text().splitlines(keepends=True)
+  assert len(lines) == 7
+  part = tmp_path / "part.jsonl"
+  part.write_text("".join(lines[:3]) + lines[3][:25])  # killed writing row 4, mid-batch
+  assert generate_task.answer_all(gen, requests, config, sampling, part) == 3
+  assert part.read_bytes() == full.read_bytes()
+  assert generate_task.answer_all(gen, requests, config, sampling, part) == 7
+  assert part.read_bytes() == full.read_bytes()
+  # Sampling depends on the seed, so resuming at row 3 with its own seed would differ.
+  alone = generate_task._answer_batch(gen, requests[3:5], config, sampling, config.seed + 3,
+                                      None, None)
+  assert [json.loads(l)["response"] for l in lines[3:5]] != [r["response"] for r in alone]
+  other = tmp_path / "other.jsonl"
+  other.write_text(lines[0] + lines[2])
+  with pytest.raises(ConfigError, match="another input"):
+    generate_task.answer_all(gen, requests, config, sampling, other)
+
+
 def test_demo_rule_scorer_reads_the_demo_rules():
   scorer = best_of_n.load_scorer("demo_rules")
   rows = demo.demo_rows(40, seed=5)

@@ -48,7 +48,7 @@ def test_recipes_fail_before_any_work_without_their_inputs():
     attribute_model.check_config(c)
 
 
-@pytest.mark.parametrize("task", ["evaluate_rm", "annotate"])
+@pytest.mark.parametrize("task", ["evaluate_rm", "annotate", "build_2d"])
 def test_scoring_task_presets(task):
   demo = get(task)
   assert demo.model.hidden_size == get("attribute_model").model.hidden_size

@@ -13,25 +13,44 @@ per-segment scores (`mode`):
   clipped to [0, score_max].
 
 Scores are clipped to [0, score_max]. The README explains the default.
+
+Several processes: every process reads and segments all pairs. The built-in
+attribute model (a `MeshScorer`) is called on every process with the same
+texts and shards each batch over the mesh; a user's host-side scorer gets
+only this process's contiguous share of the texts, and the predictions are
+gathered, so every process ends with all scores (process 0 writes them).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from helpsteer_jax import multihost
 from helpsteer_jax.data import segment
 from helpsteer_jax.data.pairs import PlainPair, PreferencePair, ScoredResponse
 from helpsteer_jax.data.readers import helpsteer_conversation
-from helpsteer_jax.data.records import ATTRIBUTES, HELPSTEER_ATTRIBUTES
+from helpsteer_jax.data.records import ATTRIBUTES, HELPSTEER_ATTRIBUTES, Conversation
 from helpsteer_jax.data.template import regression_text
 from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.train import metrics as metrics_lib
 
 # The scoring interface: NeMo regression-format texts (template.regression_text)
 # -> [n, 9] attribute predictions in records.ATTRIBUTES order.
 AttributeScorer = Callable[[Sequence[str]], np.ndarray]
+
+
+class MeshScorer(Protocol):
+  """A scorer that runs on every process and splits its batches over the mesh."""
+
+  local_rows: int  # conversations scored by this process's devices so far
+
+  def score_conversations(self, convs: Sequence[Conversation]) -> np.ndarray:
+    """[n, 9] predictions for each conversation's last response (NaN: not scored)."""
+
+
 MODES = ("in_context", "prefix_difference")
 _HELPSTEER = [ATTRIBUTES.index(a) for a in HELPSTEER_ATTRIBUTES]
 
@@ -48,10 +67,57 @@ def load_scorer(factory: str, scorer_config) -> AttributeScorer:
   return fn(scorer_config)
 
 
+def prefix_conversations(prompt: str, response: str,
+                         spans: Sequence[tuple[int, int]]) -> list[Conversation]:
+  """The empty response and each prefix ending a segment, as conversations to score."""
+  prefixes = [""] + [response[:end].rstrip() for _, end in spans]
+  return [helpsteer_conversation(prompt, p, {}) for p in prefixes]
+
+
 def prefix_texts(prompt: str, response: str, spans: Sequence[tuple[int, int]]) -> list[str]:
   """Regression texts of the empty response and of each prefix ending a segment."""
-  prefixes = [""] + [response[:end].rstrip() for _, end in spans]
-  return [regression_text(helpsteer_conversation(prompt, p, {})) for p in prefixes]
+  return [regression_text(c) for c in prefix_conversations(prompt, response, spans)]
+
+
+def _checked(out, n: int) -> np.ndarray:
+  out = np.asarray(out, np.float32)
+  if out.shape != (n, len(ATTRIBUTES)):
+    raise ConfigError(f"the attribute scorer returned shape {out.shape} for {n}"
+                      f" texts; expected ({n}, {len(ATTRIBUTES)})")
+  return out
+
+
+def predict(convs: Sequence[Conversation], scorer: AttributeScorer | MeshScorer,
+            batch_size: int) -> np.ndarray:
+  """[n, 9] predictions for the last response of every conversation, on every process.
+
+  A `MeshScorer` (the built-in attribute model) gets every call on every
+  process and splits each batch over the mesh itself. Any other scorer is
+  host-side Python: process p scores its contiguous share of the texts, in
+  calls of `batch_size`, and the shares are gathered.
+  """
+  on_mesh = hasattr(scorer, "score_conversations")
+  share = slice(None) if on_mesh else multihost.process_share(len(convs))
+  progress = metrics_lib.Progress(total=len(convs[share]), initial=0, desc="build_2d")
+
+  def score(mine: Sequence[Conversation]) -> np.ndarray:
+    out = [np.zeros((0, len(ATTRIBUTES)), np.float32)]
+    for start in range(0, len(mine), batch_size):
+      batch = mine[start:start + batch_size]
+      if on_mesh:
+        out.append(_checked(scorer.score_conversations(batch), len(batch)))
+      else:
+        out.append(_checked(scorer([regression_text(c) for c in batch]), len(batch)))
+      progress.update(len(batch))
+    return np.concatenate(out)
+
+  try:
+    preds = score(convs) if on_mesh else multihost.split_map(score, convs, len(ATTRIBUTES))
+  finally:
+    progress.close()
+  multihost.report_split("build_2d: texts scored",
+                         scorer.local_rows if on_mesh else len(convs[share]))
+  return preds
 
 
 def _segment_scores(prefix_scores: np.ndarray, mode: str, score_max: float) -> np.ndarray:
@@ -63,33 +129,33 @@ def _segment_scores(prefix_scores: np.ndarray, mode: str, score_max: float) -> n
   return np.clip(out, 0.0, score_max).astype(np.float32)
 
 
-def score_pairs(pairs: Sequence[PlainPair], scorer: AttributeScorer, mode: str = "in_context",
-                score_max: float = 4.0, batch_size: int = 64) -> list[PreferencePair]:
-  """Segments and scores every response; scorer calls are batched across pairs."""
+def score_pairs(pairs: Sequence[PlainPair], scorer: AttributeScorer | MeshScorer,
+                mode: str = "in_context", score_max: float = 4.0,
+                batch_size: int = 64) -> list[PreferencePair]:
+  """Segments and scores every response; scorer calls are batched across pairs.
+
+  A pair with a segment the scorer could not score (NaN, e.g. a prefix
+  longer than the attribute model's `score.max_len`) is left out.
+  """
   if mode not in MODES:
     raise ConfigError(f"segment score mode {mode!r}; choose one of {MODES}")
-  jobs = []  # (pair index, side, segments, texts)
+  jobs = []  # (pair index, side, segments, number of prefixes)
+  convs: list[Conversation] = []
   for i, pair in enumerate(pairs):
     for side, text in (("chosen", pair.chosen), ("rejected", pair.rejected)):
       spans = segment.split_sentences(text)
-      jobs.append((i, side, [text[a:b] for a, b in spans], prefix_texts(pair.prompt, text, spans)))
-  texts = [t for job in jobs for t in job[3]]
-  preds = []
-  for start in range(0, len(texts), batch_size):
-    batch = texts[start:start + batch_size]
-    out = np.asarray(scorer(batch), np.float32)
-    if out.shape != (len(batch), len(ATTRIBUTES)):
-      raise ConfigError(f"the attribute scorer returned shape {out.shape} for {len(batch)}"
-                        f" texts; expected ({len(batch)}, {len(ATTRIBUTES)})")
-    preds.append(out[:, _HELPSTEER])
-  scores = np.concatenate(preds) if preds else np.zeros((0, len(_HELPSTEER)), np.float32)
+      prefixes = prefix_conversations(pair.prompt, text, spans)
+      jobs.append((i, side, [text[a:b] for a, b in spans], len(prefixes)))
+      convs += prefixes
+  scores = predict(convs, scorer, batch_size)[:, _HELPSTEER]
   built: dict[int, dict[str, ScoredResponse]] = {}
   pos = 0
-  for i, side, segs, job_texts in jobs:
-    block = scores[pos:pos + len(job_texts)]
-    pos += len(job_texts)
+  for i, side, segs, count in jobs:
+    block = scores[pos:pos + count]
+    pos += count
     text = getattr(pairs[i], side)
     built.setdefault(i, {})[side] = ScoredResponse(text, tuple(segs),
                                                    _segment_scores(block, mode, score_max))
   return [PreferencePair(p.prompt, built[i]["chosen"], built[i]["rejected"], p.source)
-          for i, p in enumerate(pairs)]
+          for i, p in enumerate(pairs)
+          if not any(np.isnan(r.scores).any() for r in built[i].values())]

@@ -18,7 +18,7 @@ from helpsteer_jax.eval import rm_metrics
 from helpsteer_jax.inference.scoring import Scorer
 
 
-def _score_conversations(scorer: Scorer, tok: rm_data.RegressionTokenizer, convs: Sequence[Conversation],
+def score_conversations(scorer: Scorer, tok: rm_data.RegressionTokenizer, convs: Sequence[Conversation],
                          on_batch: Callable[[int], None] | None = None
                          ) -> tuple[np.ndarray, np.ndarray]:
   """(predictions of the kept conversations, their indices); too-long ones dropped."""
@@ -30,7 +30,7 @@ def _score_conversations(scorer: Scorer, tok: rm_data.RegressionTokenizer, convs
 def evaluate_attributes(scorer: Scorer, tok: rm_data.RegressionTokenizer, convs: Sequence[Conversation],
                         on_batch=None) -> dict:
   """{metrics, predictions, labels, dropped} on labelled conversations."""
-  preds, kept = _score_conversations(scorer, tok, convs, on_batch)
+  preds, kept = score_conversations(scorer, tok, convs, on_batch)
   labels = np.zeros((len(kept), len(ATTRIBUTES)), np.float32)
   for row, i in enumerate(kept):
     labels[row] = rm_data.label_vector(convs[i].attributes)
@@ -46,7 +46,7 @@ def evaluate_pairs(scorer: Scorer, tok: rm_data.RegressionTokenizer, pairs: Sequ
   """
   pairs = [p for p in pairs if p.strength != 0]
   convs = [c for p in pairs for c in (p.chosen, p.rejected)]
-  preds, kept = _score_conversations(scorer, tok, convs, on_batch)
+  preds, kept = score_conversations(scorer, tok, convs, on_batch)
   reward = np.full(len(convs), np.nan)
   reward[kept] = rm_metrics.rewards(preds, weights)
   r_c, r_r = reward[0::2], reward[1::2]

@@ -10,7 +10,8 @@ correctness 0.8, coherence 0.45, complexity 0.55, verbosity -0.4).
 `config.best_of_n.scorer` names the scorer: `demo_rules` (the demo data's
 own rules, `data.demo.rule_scores`) or `package.module:factory`, a function
 called with `config.best_of_n.scorer_path` that returns a scorer (how a
-trained attribute model plugs in).
+trained attribute model plugs in). With several processes, each scores its
+contiguous share of the candidates and the scores are gathered.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from helpsteer_jax import multihost
 from helpsteer_jax.data import demo, template
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.errors import ConfigError
@@ -119,10 +121,16 @@ def best_of_n(generator: Generator, requests: Sequence[steering.Request], n: int
   completions = generator.complete(prompts, max_new_tokens, sampling=sampling, seed=seed)
   responses = [steering.response_text(c.text, c.finish_reason) for c in completions]
   texts = [scoring_text(requests[i // n].conversation, r) for i, r in enumerate(responses)]
-  scores = np.asarray(scorer(texts), np.float64)
-  if scores.shape != (len(texts), len(ATTRIBUTES)):
-    raise ValueError(f"the scorer returned shape {scores.shape}; expected ({len(texts)},"
-                     f" {len(ATTRIBUTES)}): one prediction per attribute of {ATTRIBUTES}")
+
+  def score(mine: Sequence[str]) -> np.ndarray:
+    out = np.asarray(scorer(mine), np.float64)
+    if out.shape != (len(mine), len(ATTRIBUTES)):
+      raise ValueError(f"the scorer returned shape {out.shape}; expected ({len(mine)},"
+                       f" {len(ATTRIBUTES)}): one prediction per attribute of {ATTRIBUTES}")
+    return out
+
+  # Host-side: each process scores its share of the candidates.
+  scores = multihost.split_map(score, texts, len(ATTRIBUTES), np.float64)
   rewards = scores @ weights
   out = []
   for start in range(0, len(texts), n):

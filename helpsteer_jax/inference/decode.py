@@ -129,9 +129,12 @@ class Decoder:
         sharding_lib.logical_to_spec(("batch",), rules), mesh, 0)
     self.input_sharding = NamedSharding(mesh, sharding_lib.batch_spec(rules))
     self.row_sharding = NamedSharding(mesh, PartitionSpec(self.input_sharding.spec[0]))
+    self.local_rows = 0  # prompts decoded on this process's devices
+    # Replicated outputs: every process can read every row (multi-process runs).
     self._run = jax.jit(
         functools.partial(_generate, graphdef=graphdef, rules=rules, pad_id=self.pad_id),
-        static_argnames=("max_new_tokens", "sampling", "stop"))
+        static_argnames=("max_new_tokens", "sampling", "stop"),
+        out_shardings=NamedSharding(mesh, PartitionSpec()))
 
   @property
   def compiled_variants(self) -> int:
@@ -180,4 +183,5 @@ class Decoder:
           stop=stop)
     out, ends, done = jax.device_get((out, ends, done))
     n = len(prompts)
+    self.local_rows += sharding_lib.local_row_count(self.row_sharding, batch, n)
     return DecodeResult(np.asarray(out[:n]), np.asarray(ends[:n]), np.asarray(done[:n]))

@@ -49,6 +49,7 @@ class Scorer:
     param_shardings = builder.state_shardings(params, rt.mesh, rt.rules)
     batch_sharding = NamedSharding(rt.mesh, sharding_lib.batch_spec(rt.rules))
     self._host_rows = sharding_lib.host_local_batch_slice(batch_size)
+    self.local_rows = 0  # sequences this process has fed to its devices
     rules = rt.rules
 
     def score(params, batch):
@@ -76,6 +77,7 @@ class Scorer:
         length = self._padded_length(max(len(seqs[i]) for i in idx))
         batch = pad_batch([seqs[i] for i in idx], self.batch_size, length)
         local = {k: v[self._host_rows] for k, v in batch.items()}
+        self.local_rows += len(range(len(idx))[self._host_rows])
         with jax.set_mesh(self.rt.mesh):
           arrays = {k: sharding_lib.to_global_array(v, self.rt.mesh, spec)
                     for k, v in local.items()}

@@ -6,27 +6,30 @@ regression format), clips to 0..4, rounds, and writes each turn's label
 string into a SteerLM jsonl file. Work goes in chunks of `chunk_rows`
 conversations, scored batched by length over the mesh and appended in input
 order with an fsync; a rerun keeps the complete rows already written (a torn
-last line is cut off) and continues after them, so no row is duplicated or
-lost.
+last line is cut off), rescores the chunk it stopped in (so every chunk is
+batched as in an uninterrupted run) and appends the rest, so no row is
+duplicated or lost.
+
+Several processes: every process reads and tokenizes the input, each feeds
+only its devices' rows of every scoring batch (the batch is sharded over the
+mesh), and process 0 alone decides where to resume and writes the output.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 from typing import Sequence
 
 import jax
 import ml_collections
-from absl import logging
 
-from helpsteer_jax import reward_runtime, runtime
+from helpsteer_jax import multihost, resume, reward_runtime, runtime
 from helpsteer_jax.data import readers
-from helpsteer_jax.data import rm as rm_data
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.data.template import label_string
 from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.eval import rm_eval
 from helpsteer_jax.eval.rm_metrics import rounded
 from helpsteer_jax.inference.scoring import Scorer
 from helpsteer_jax.models import hf
@@ -45,36 +48,6 @@ def _same_text(row: dict, conv: Conversation) -> bool:
   turns = row.get("conversations") or []
   return len(turns) == len(conv.turns) and all(
       t.get("value") == c.text for t, c in zip(turns, conv.turns))
-
-
-def resume_point(path: pathlib.Path, convs: Sequence[Conversation]) -> int:
-  """Rows already written to `path` (complete lines); a torn last line is cut off.
-
-  Raises ConfigError when the written rows do not belong to this input.
-  """
-  if not path.exists():
-    return 0
-  with open(path, "rb+") as f:
-    data = f.read()
-    good_end = data.rfind(b"\n") + 1
-    lines = data[:good_end].splitlines()
-    if good_end < len(data):
-      logging.warning("%s: cutting off a torn last line (%d bytes)", path, len(data) - good_end)
-      f.truncate(good_end)
-  done = len(lines)
-  if done > len(convs):
-    raise ConfigError(f"{path} holds {done} rows but the input has {len(convs)}: it was"
-                      " written from another input; choose another data.output_path")
-  if done:
-    try:
-      last = json.loads(lines[-1])
-    except ValueError:
-      last = {}
-    if not _same_text(last, convs[done - 1]):
-      raise ConfigError(f"{path}: row {done} does not match input conversation {done}"
-                        f" ({convs[done - 1].source}); it was written from another input:"
-                        " choose another data.output_path")
-  return done
 
 
 def _targets(convs: Sequence[Conversation]) -> list[tuple[int, int, Conversation]]:
@@ -105,34 +78,31 @@ def attribute_selection(spec: str) -> list[int]:
 def annotate(convs: Sequence[Conversation], scorer: Scorer, tok, out_path: pathlib.Path,
              chunk_rows: int, slots: Sequence[int]) -> dict:
   """Labels and appends the rows not yet in `out_path`; returns counts."""
-  start = resume_point(out_path, convs)
-  todo = _targets(convs[start:])
+  start = resume.resume_point(out_path, convs, _same_text, "data.output_path")
+  first = resume.batch_start(start, chunk_rows, len(convs))
+  todo = _targets(convs[first:])
   counts = {"rows": len(convs), "already_written": start, "written": 0, "turns": len(todo),
             "unscored_turns": 0}
   progress = metrics_lib.Progress(total=len(todo), initial=0, desc="annotate")
-  writer = open(out_path, "a", encoding="utf-8") if jax.process_index() == 0 else None
   try:
-    for lo in range(start, len(convs), chunk_rows):
-      chunk = convs[lo:lo + chunk_rows]
-      targets = _targets(chunk)
-      ids = [tok.ids(prefix) for _, _, prefix in targets]
-      kept = [i for i, x in enumerate(ids) if x is not None]
-      counts["unscored_turns"] += len(ids) - len(kept)
-      preds = rounded(scorer.score([ids[i] for i in kept], on_batch=progress.update))
-      labels: list[dict[int, str]] = [{} for _ in chunk]
-      for row, i in enumerate(kept):
-        c, t, _ = targets[i]
-        labels[c][t] = label_string({ATTRIBUTES[j]: int(preds[row, j]) for j in slots})
-      if writer is not None:
-        writer.writelines(json.dumps(steerlm_row(_labelled(conv, lab))) + "\n"
-                          for conv, lab in zip(chunk, labels))
-        writer.flush()
-        os.fsync(writer.fileno())
-      counts["written"] += len(chunk)
+    with resume.RowWriter(out_path) as writer:
+      for lo in range(first, len(convs), chunk_rows):
+        chunk = convs[lo:lo + chunk_rows]
+        targets = _targets(chunk)
+        preds, kept = rm_eval.score_conversations(scorer, tok, [p for _, _, p in targets],
+                                                  progress.update)
+        preds = rounded(preds)
+        counts["unscored_turns"] += len(targets) - len(kept)
+        labels: list[dict[int, str]] = [{} for _ in chunk]
+        for row, i in enumerate(kept):
+          c, t, _ = targets[i]
+          labels[c][t] = label_string({ATTRIBUTES[j]: int(preds[row, j]) for j in slots})
+        # The chunk the last run stopped in is scored whole, as it was then.
+        new = [(conv, lab) for r, (conv, lab) in enumerate(zip(chunk, labels), lo) if r >= start]
+        writer.write(steerlm_row(_labelled(conv, lab)) for conv, lab in new)
+        counts["written"] += len(new)
   finally:
     progress.close()
-    if writer is not None:
-      writer.close()
   return counts
 
 
@@ -151,16 +121,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     convs = convs[:config.data.max_rows]
   out_path = pathlib.Path(config.data.output_path or workdir / "annotated.jsonl")
   out_path.parent.mkdir(parents=True, exist_ok=True)
-  model = reward_runtime.build_reward_model(config, rt)
-  scorer = Scorer(model, rt, config.score.batch_size, config.score.pad_multiple)
-  tok = rm_data.RegressionTokenizer(tokenizer, config.score.max_len, config.data.truncation,
-                                    config.data.add_bos)
+  scorer, tok = reward_runtime.build_scorer(config, rt, tokenizer)
   counts = annotate(convs, scorer, tok, out_path, config.data.chunk_rows, slots)
   counts["bad_records"] = report.total
+  multihost.report_split("annotate: sequences scored", scorer.local_rows)
   if jax.process_index() == 0:
     (workdir / "annotate_summary.json").write_text(json.dumps(counts, indent=2) + "\n")
-  print(f"annotate: {counts['written']} rows written to {out_path}"
-        f" ({counts['already_written']} already there, {counts['turns']} turns scored,"
-        f" {counts['unscored_turns']} too long to score, {report.total} bad records"
-        f"{': ' + report.summary() if report.total else ''})")
+    print(f"annotate: {counts['written']} rows written to {out_path}"
+          f" ({counts['already_written']} already there, {counts['turns']} turns scored,"
+          f" {counts['unscored_turns']} too long to score, {report.total} bad records"
+          f"{': ' + report.summary() if report.total else ''})")
   return counts

@@ -3,20 +3,71 @@
 HelpSteer2 -> attribute model -> this task -> 2D-DPO (configs/dpo2d.py with
 data.train_path set to the output and loss.aspects set to the five HelpSteer
 attributes).
+
+The scorer is the project's attribute model (`scorer.factory=attribute_model`,
+the default: `init.checkpoint` / `model.hf_path`, scored on the mesh as in
+annotation) or a user's `package.module:function` (host-side Python).
+
+Several processes: every process reads and segments all pairs. The built-in
+model is run by all processes together: each scoring batch is sharded over
+the mesh, so each process's devices score their rows. A user's scorer is
+called on each process with only its contiguous share of the texts, and the
+predictions are gathered. Process 0 alone writes the output.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
+from typing import Sequence
 
+import jax
 import ml_collections
+import numpy as np
 from absl import logging
 
+from helpsteer_jax import reward_runtime, runtime
 from helpsteer_jax.data import build_2d, demo_2d, pairs
+from helpsteer_jax.data import rm as rm_data
 from helpsteer_jax.data.readers import BadRecordReport
-from helpsteer_jax.data.records import HELPSTEER_ATTRIBUTES
+from helpsteer_jax.data.records import ATTRIBUTES, HELPSTEER_ATTRIBUTES, Conversation
 from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.eval import rm_eval
+from helpsteer_jax.inference.scoring import Scorer
+from helpsteer_jax.models import hf
+
+BUILTIN = "attribute_model"
+
+
+class AttributeModelScorer:
+  """The attribute model on the mesh as a `build_2d.MeshScorer`.
+
+  A conversation that does not fit `score.max_len` (its context cut from the
+  left) gets NaN predictions.
+  """
+
+  def __init__(self, scorer: Scorer, tok: rm_data.RegressionTokenizer):
+    self.scorer, self.tok = scorer, tok
+
+  @property
+  def local_rows(self) -> int:
+    return self.scorer.local_rows
+
+  def score_conversations(self, convs: Sequence[Conversation]) -> np.ndarray:
+    preds, kept = rm_eval.score_conversations(self.scorer, self.tok, convs)
+    out = np.full((len(convs), len(ATTRIBUTES)), np.nan, np.float32)
+    out[kept] = preds
+    return out
+
+
+def _scorer(config: ml_collections.ConfigDict, workdir: pathlib.Path):
+  factory = config.scorer.factory
+  if factory != BUILTIN:
+    return build_2d.load_scorer(factory, config.scorer)
+  reward_runtime.require_trained(config, "build_2d")
+  rt = runtime.setup(config)
+  tokenizer = hf.load_tokenizer(runtime.tokenizer_dir(config, workdir))
+  return AttributeModelScorer(*reward_runtime.build_scorer(config, rt, tokenizer))
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -24,30 +75,34 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if config.segment_score not in build_2d.MODES:
     raise ConfigError(f"segment_score={config.segment_score!r}; choose one of {build_2d.MODES}")
   if not config.scorer.factory:
-    raise ConfigError("build_2d scores segments with a trained attribute model: set"
-                      " --config.scorer.factory=package.module:function (a function taking"
-                      " config.scorer and returning texts -> [n, 9] predictions) and"
-                      " --config.scorer.checkpoint=<the attribute model run>")
-  scorer = build_2d.load_scorer(config.scorer.factory, config.scorer)
-  workdir.mkdir(parents=True, exist_ok=True)
+    raise ConfigError(f"build_2d scores segments with a trained attribute model: set"
+                      f" --config.scorer.factory={BUILTIN} (the project's attribute model,"
+                      " from --config.init.checkpoint=<attribute_model run>) or"
+                      " package.module:function (a function taking config.scorer and"
+                      " returning texts -> [n, 9] predictions)")
+  runtime.check_workdir(workdir)
   source = config.data.input_path
   if not source:
-    source = str(demo_2d.write_demo_2d(workdir / "demo_2d", config.data.demo_rows, 0) / "train.jsonl")
+    demo_dir = runtime.write_once(workdir / "demo_2d", "validation.jsonl", lambda d: (
+        demo_2d.write_demo_2d(d, config.data.demo_rows, 0)))
+    source = str(demo_dir / "train.jsonl")
   report = BadRecordReport()
   plain = pairs.read_plain_pairs(source, config.data.split, config.data.on_bad_record, report)
   if config.data.max_pairs:
     plain = plain[:config.data.max_pairs]
   if not plain:
     raise ConfigError(f"no preference pairs in {source}")
+  scorer = _scorer(config, workdir)
   logging.info("scoring the segments of %d pairs (%s)", len(plain), config.segment_score)
   built = build_2d.score_pairs(plain, scorer, config.segment_score, config.data.score_max,
                                config.scorer.batch)
   out = pathlib.Path(config.data.output_path or workdir / "helpsteer_2d.jsonl")
-  out.parent.mkdir(parents=True, exist_ok=True)
-  pairs.write_2d(out, built, HELPSTEER_ATTRIBUTES)
   summary = {"pairs": len(built), "output": str(out), "mode": config.segment_score,
              "segments": sum(len(p.chosen.segments) + len(p.rejected.segments) for p in built),
-             "skipped_rows": report.total}
-  (workdir / "build_2d.json").write_text(json.dumps(summary, indent=2))
-  print(f"build_2d: wrote {len(built)} pairs to {out}")
+             "unscored_pairs": len(plain) - len(built), "skipped_rows": report.total}
+  if jax.process_index() == 0:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pairs.write_2d(out, built, HELPSTEER_ATTRIBUTES)
+    (workdir / "build_2d.json").write_text(json.dumps(summary, indent=2))
+    print(f"build_2d: wrote {len(built)} pairs to {out}")
   return summary

@@ -185,7 +185,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
              "pairs": {"train": len(train_features), "validation": len(eval_features)}}
   if jax.process_index() == 0:
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
-  print(f"{config.task}: {result.status} at step {result.step}; {cfg.loss_type} loss"
-        f" {result.last_metrics.get('loss', float('nan')):.4f}; reward accuracy"
-        f" {result.last_metrics.get('reward_accuracy', float('nan')):.3f}; eval {result.eval_metrics}")
+    print(f"{config.task}: {result.status} at step {result.step}; {cfg.loss_type} loss"
+          f" {result.last_metrics.get('loss', float('nan')):.4f}; reward accuracy"
+          f" {result.last_metrics.get('reward_accuracy', float('nan')):.3f}; eval"
+          f" {result.eval_metrics}")
   return summary

@@ -7,6 +7,10 @@ and RewardBench files: pairwise accuracy with reward = predicted
 attributes . `reward_weights`, per subset and per RewardBench section.
 Writes `rm_report.json` and `rm_attributes.png` to the workdir and prints
 the tables.
+
+Several processes: each feeds only its devices' rows of every scoring batch
+(sharded over the mesh); the predictions come back to every process, and
+process 0 alone writes the report and the figure.
 """
 
 from __future__ import annotations
@@ -17,13 +21,11 @@ import jax
 import ml_collections
 from absl import logging
 
-from helpsteer_jax import reward_runtime, runtime
+from helpsteer_jax import multihost, reward_runtime, runtime
 from helpsteer_jax.data import preference, readers
-from helpsteer_jax.data import rm as rm_data
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.eval import rm_eval, rm_report
-from helpsteer_jax.inference.scoring import Scorer
 from helpsteer_jax.models import hf
 from helpsteer_jax.tasks import acsft
 from helpsteer_jax.train import metrics as metrics_lib
@@ -74,10 +76,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         rewardbench_path, data.rewardbench_split, data.on_bad_record, bad)
   _warn(bad, "evaluation data")
 
-  model = reward_runtime.build_reward_model(config, rt)
-  scorer = Scorer(model, rt, config.score.batch_size, config.score.pad_multiple)
-  tok = rm_data.RegressionTokenizer(tokenizer, config.score.max_len, data.truncation,
-                                    data.add_bos)
+  scorer, tok = reward_runtime.build_scorer(config, rt, tokenizer)
   total = sum(len(v) if k == "attributes" else 2 * sum(p.strength != 0 for p in v)
               for k, v in sets.items())
   progress = metrics_lib.Progress(total=total, initial=0, desc="evaluate_rm")
@@ -98,8 +97,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         tables.append(rm_report.pairs_table(name, report[name]))
   finally:
     progress.close()
+  multihost.report_split("evaluate_rm: sequences scored", scorer.local_rows)
   if jax.process_index() == 0:
     rm_report.write_json(workdir / "rm_report.json", report)
-  print("\n\n".join(tables))
-  print(f"evaluate_rm: report in {workdir / 'rm_report.json'}")
+    print("\n\n".join(tables))
+    print(f"evaluate_rm: report in {workdir / 'rm_report.json'}")
   return report

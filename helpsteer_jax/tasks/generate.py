@@ -5,12 +5,18 @@ the terminal) with a model from an HF directory or a training checkpoint,
 asking for the configured attribute values; optionally best-of-n with an
 attribute model. Writes one jsonl row per prompt: prompt, attributes,
 response (and, for best-of-n, every candidate with its scores and reward).
+
+File mode appends each batch's rows as they are decoded; a rerun keeps the
+complete rows already written (a torn last line is cut off), checks that
+they answer this input, redoes the batch it stopped in with the same seed
+and appends the rest, so the output equals an uninterrupted run. With
+several processes, every batch is sharded over the mesh (each process's
+devices decode their rows), and process 0 alone decides where to resume
+and writes.
 """
 
 from __future__ import annotations
 
-import io
-import json
 import pathlib
 import time
 
@@ -18,7 +24,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from helpsteer_jax import runtime
+from helpsteer_jax import multihost, resume, runtime
 from helpsteer_jax.data import demo
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import best_of_n as best_of_n_lib
@@ -58,32 +64,44 @@ def build_generator(config: ml_collections.ConfigDict, rt: runtime.Runtime,
   return Generator(decoder, tokenizer, tuple(config.stop_strings), add_bos=config.add_bos)
 
 
-def _answer_all(generator: Generator, requests: list, config: ml_collections.ConfigDict,
-                sampling: SamplingConfig, out_file) -> None:
+def _same_request(row: dict, req: steering.Request) -> bool:
+  return all(row.get(k) == v for k, v in req.output_row("").items() if k != "response")
+
+
+def _answer_batch(generator: Generator, batch: list, config: ml_collections.ConfigDict,
+                  sampling: SamplingConfig, seed: int, scorer, weights) -> list[dict]:
+  """One output row per request of `batch`."""
+  if scorer is not None:
+    results = best_of_n_lib.best_of_n(generator, batch, config.best_of_n.n, scorer, weights,
+                                      config.max_new_tokens, sampling, seed)
+    return [req.output_row(result.response, best=result.best,
+                           candidates=[vars(c) for c in result.candidates])
+            for req, result in zip(batch, results)]
+  completions = generator.complete([r.prompt_text() for r in batch], config.max_new_tokens,
+                                   sampling=sampling, seed=seed)
+  return [req.output_row(steering.response_text(c.text, c.finish_reason),
+                         finish_reason=c.finish_reason) for req, c in zip(batch, completions)]
+
+
+def answer_all(generator: Generator, requests: list, config: ml_collections.ConfigDict,
+               sampling: SamplingConfig, out_path: pathlib.Path) -> int:
+  """Appends the answers not yet in `out_path`; returns how many rows were there already.
+
+  A batch's seed is `config.seed` + its first row, so a resumed run (which
+  redoes the batch it stopped in) samples what an uninterrupted run would.
+  """
   bon = config.best_of_n
-  if bon.n > 1:
-    scorer = best_of_n_lib.load_scorer(bon.scorer, bon.scorer_path)
-    weights = best_of_n_lib.weight_vector(bon.weights.to_dict())
-    per_batch = max(1, config.batch_size // bon.n)  # n rows per prompt in one batch
-    for start in range(0, len(requests), per_batch):
-      batch = requests[start: start + per_batch]
-      results = best_of_n_lib.best_of_n(generator, batch, bon.n, scorer, weights,
-                                        config.max_new_tokens, sampling, config.seed + start)
-      for req, result in zip(batch, results):
-        row = req.output_row(result.response, best=result.best,
-                             candidates=[vars(c) for c in result.candidates])
-        out_file.write(json.dumps(row) + "\n")
-      out_file.flush()
-    return
-  for start in range(0, len(requests), config.batch_size):
-    batch = requests[start: start + config.batch_size]
-    completions = generator.complete([r.prompt_text() for r in batch], config.max_new_tokens,
-                                     sampling=sampling, seed=config.seed + start)
-    for req, c in zip(batch, completions):
-      row = req.output_row(steering.response_text(c.text, c.finish_reason),
-                           finish_reason=c.finish_reason)
-      out_file.write(json.dumps(row) + "\n")
-    out_file.flush()
+  scorer = best_of_n_lib.load_scorer(bon.scorer, bon.scorer_path) if bon.n > 1 else None
+  weights = best_of_n_lib.weight_vector(bon.weights.to_dict())
+  per_batch = max(1, config.batch_size // bon.n)  # n rows per prompt in one batch
+  done = resume.resume_point(out_path, requests, _same_request, "--config.output")
+  with resume.RowWriter(out_path) as writer:
+    for start in range(resume.batch_start(done, per_batch, len(requests)), len(requests),
+                       per_batch):
+      rows = _answer_batch(generator, requests[start: start + per_batch], config, sampling,
+                           config.seed + start, scorer, weights)
+      writer.write(row for i, row in enumerate(rows, start) if i >= done)
+  return done
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -97,6 +115,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     raise ConfigError(f"best_of_n.n={config.best_of_n.n} needs sampling: set"
                       " --config.sampling.temperature to a value > 0")
   attributes = steering.run_attributes(config)
+  if config.mode == "file" and config.input == "-" and jax.process_count() > 1:
+    raise ConfigError("--config.input=- (stdin): each process would read its own standard"
+                      " input; with several processes give a file every process can read")
   requests = read_input(config, attributes) if config.mode == "file" else []
   runtime.check_workdir(workdir)
   rt = runtime.setup(config)
@@ -112,11 +133,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   out_path = pathlib.Path(config.output) if config.output else workdir / "generations.jsonl"
   out_path.parent.mkdir(parents=True, exist_ok=True)
   start = time.perf_counter()
-  # Every process decodes (the step is collective); process 0 writes.
-  sink = open(out_path, "w", encoding="utf-8") if jax.process_index() == 0 else io.StringIO()
-  with sink as f:
-    _answer_all(generator, requests, config, sampling, f)
+  done = answer_all(generator, requests, config, sampling, out_path)
   seconds = time.perf_counter() - start
   logging.info("compiled decode variants: %d", generator.decoder.compiled_variants)
-  print(f"generate: answered {len(requests)} prompts in {seconds:.1f}s -> {out_path}")
-  return {"mode": "file", "prompts": len(requests), "output": str(out_path), "seconds": seconds}
+  multihost.report_split("generate: rows decoded", generator.decoder.local_rows)
+  if jax.process_index() == 0:
+    print(f"generate: answered {len(requests) - done} prompts in {seconds:.1f}s"
+          f" ({done} already answered) -> {out_path}")
+  return {"mode": "file", "prompts": len(requests), "already_written": done,
+          "output": str(out_path), "seconds": seconds}

@@ -6,6 +6,10 @@ model is not in memory while training. The pass writes one `.npy` part per
 batch to the cache directory, so an interrupted pass resumes where it
 stopped, and a manifest with a fingerprint of the model source and the
 tokenized data, so a stale cache is recomputed rather than used.
+
+Several processes: each puts only its devices' rows of every batch (sharded
+over the mesh); process 0 alone checks the cache, decides which parts are
+missing (broadcast, so every process runs the same batches) and writes them.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from absl import logging
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from helpsteer_jax import runtime
+from helpsteer_jax import multihost, runtime
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.losses.preference import model_segment_logps
 from helpsteer_jax.train import state as state_lib
@@ -39,7 +43,12 @@ def fingerprint(features: Sequence[dict[str, np.ndarray]], model_source: str) ->
   return h.hexdigest()[:32]
 
 
-def _prepare(cache: pathlib.Path, manifest: dict) -> None:
+def _part(cache: pathlib.Path, start: int) -> pathlib.Path:
+  return cache / f"part_{start:08d}.npy"
+
+
+def _prepare(cache: pathlib.Path, manifest: dict, starts: Sequence[int]) -> list[int]:
+  """Clears a stale cache and writes the manifest; returns the batches still to compute."""
   path = cache / "manifest.json"
   if path.exists() and json.loads(path.read_text()) != manifest:
     logging.warning("reference cache %s was made for other data or another model;"
@@ -48,6 +57,7 @@ def _prepare(cache: pathlib.Path, manifest: dict) -> None:
   cache.mkdir(parents=True, exist_ok=True)
   if not path.exists():
     path.write_text(json.dumps(manifest, indent=2))
+  return [s for s in starts if not _part(cache, s).exists()]
 
 
 def _global_batch(batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
@@ -63,10 +73,10 @@ def reference_logps(parts: state_lib.ModelParts, features: Sequence[dict[str, np
   cache = pathlib.Path(cache_dir)
   n = len(features)
   manifest = {"fingerprint": fingerprint(features, model_source), "pairs": n, "rows": rows}
-  if jax.process_index() == 0:
-    _prepare(cache, manifest)
-  runtime.sync("reference_cache")
   sharding_lib.check_batch(rows, rt.mesh, rt.rules, "reference.batch")
+  starts = list(range(0, n, rows))
+  # Process 0 alone looks at the cache (it writes the parts): one list for all.
+  todo = multihost.on_primary(lambda: _prepare(cache, manifest, starts))
   sharding = NamedSharding(rt.mesh, sharding_lib.logical_to_spec(("batch",), rt.rules))
   graphdef, rest = parts.graphdef, parts.rest
 
@@ -77,13 +87,13 @@ def reference_logps(parts: state_lib.ModelParts, features: Sequence[dict[str, np
 
   with jax.set_mesh(rt.mesh):
     step = jax.jit(forward, in_shardings=(parts.param_shardings, sharding))
-  starts = list(range(0, n, rows))
-  todo = [s for s in starts if not (cache / f"part_{s:08d}.npy").exists()]
   if todo:
     logging.info("reference pass: %d of %d batches to compute into %s", len(todo),
                  len(starts), cache)
+  local = 0
   for start in todo:
     chunk = features[start:start + rows]
+    local += sharding_lib.local_row_count(sharding, rows, len(chunk))
     batch = {k: np.stack([f[k] for f in chunk]) for k in INPUT_KEYS}
     if len(chunk) < rows:
       batch = {k: np.concatenate([v, np.zeros((rows - len(chunk),) + v.shape[1:], v.dtype)])
@@ -94,8 +104,9 @@ def reference_logps(parts: state_lib.ModelParts, features: Sequence[dict[str, np
       from jax.experimental import multihost_utils
       out = multihost_utils.process_allgather(out, tiled=True)
     if jax.process_index() == 0:
-      part = cache / f"part_{start:08d}.npy"
+      part = _part(cache, start)
       np.save(part.with_suffix(".tmp.npy"), np.asarray(out)[:len(chunk)])
       part.with_suffix(".tmp.npy").replace(part)
+  multihost.report_split(f"reference pass {cache.name}: pairs computed", local)
   runtime.sync("reference_cache_done")
-  return np.concatenate([np.load(cache / f"part_{s:08d}.npy") for s in starts])
+  return np.concatenate([np.load(_part(cache, s)) for s in starts])

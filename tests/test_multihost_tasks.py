@@ -1,0 +1,376 @@
+"""Annotate, evaluate_rm, generate, build_2d and the 2D-DPO reference pass with two
+processes (4 CPU devices each) write exactly the files of one process with 8.
+
+Both runs use the mesh data=2 fsdp=4 tensor=1 and shard batches over (data,
+fsdp), so every row is computed on one device by the same program and per-row
+results are bitwise equal. Each two-process test also checks that the work
+was split (the per-process counts every task logs on process 0, or the calls
+a host-side scorer recorded per process) and that process 1 wrote nothing
+under the workdir (tests/write_audit records the files each process writes).
+The kill tests SIGKILL one process mid-way; the survivor exits non-zero (75
+when process 1 is lost) and a two-process rerun resumes and ends with the
+same files.
+"""
+
+import json
+import os
+import pathlib
+import re
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from cli_utils import run_main
+from conftest import REPO_ROOT
+from helpsteer_jax import reward_runtime
+from helpsteer_jax.data import demo, demo_tokenizer
+from multiprocess import Group
+
+pytestmark = pytest.mark.multihost
+
+TESTS = REPO_ROOT / "tests"
+MODEL = ("--config.model.hidden_size=64", "--config.model.intermediate_size=128",
+         "--config.model.num_layers=2", "--config.model.num_heads=4",
+         "--config.model.num_kv_heads=2")
+MESH = ("--config.mesh.data=2", "--config.mesh.fsdp=4", "--config.mesh.tensor=1")
+ANNOTATE_ROWS = 120
+PROMPTS = 40
+REFERENCE_PAIRS = 256  # 32 batches of 8: time to kill a process between parts
+
+
+def _pythonpath(*dirs: pathlib.Path) -> str:
+  return os.pathsep.join([*map(str, dirs), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> dict:
+  root = tmp_path_factory.mktemp("multihost_inputs")
+  rng = np.random.default_rng(0)
+  reward_runtime.save_head(root / "head.npz", {
+      "kernel": rng.normal(size=(64, 9)).astype(np.float32),
+      "bias": np.full(9, 2.0, np.float32)})
+  rows = demo.demo_rows(ANNOTATE_ROWS, seed=3)
+  (root / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  prompts = [{"prompt": r["prompt"], "id": i} for i, r in enumerate(demo.demo_rows(PROMPTS, 4))]
+  (root / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+  return {"root": root, "head": root / "head.npz", "rows": root / "rows.jsonl",
+          "prompts": root / "prompts.jsonl",
+          "tokenizer": demo_tokenizer.build_demo_tokenizer(root / "tokenizer")}
+
+
+# ------------------------------------------------------------------ harness
+
+
+def _single(*args: str):
+  """A one-process run with 8 devices."""
+  return run_main(*args, devices=8, env={"PYTHONPATH": _pythonpath(TESTS)})
+
+
+class TwoProcesses:
+  """Two processes of one job, each with its own record of the files it wrote."""
+
+  def __init__(self, tmp_path: pathlib.Path, *args: str, heartbeat_timeout: int = 30):
+    self.heartbeat_timeout = heartbeat_timeout
+    self.audit = tmp_path / f"audit_{time.monotonic_ns()}"
+    self.audit.mkdir()
+    env = {"PYTHONPATH": _pythonpath(TESTS / "write_audit", TESTS),
+           "HELPSTEER_WRITE_AUDIT": str(self.audit)}
+    self.group = Group(*args, env=env, heartbeat_timeout=heartbeat_timeout)
+
+  def wait(self, check: bool = True):
+    results = self.group.wait(600)
+    if check:
+      for i, r in enumerate(results):
+        assert r.returncode == 0, f"process {i}: exit {r.returncode}\n{r.stderr[-4000:]}"
+    return results
+
+  def kill_when(self, victim: int, ready, timeout: float = 300):
+    """SIGKILLs process `victim` once `ready()`.
+
+    Returns every process's result and whether the survivor hung (it is
+    killed after the heartbeat timeout and a margin).
+    """
+    deadline = time.monotonic() + timeout
+    while not ready():
+      for i, p in enumerate(self.group.procs):
+        assert p.poll() is None, (f"process {i} ended ({p.returncode}) before the kill:\n"
+                                  f"{self.group.stderr(i)[-4000:]}")
+      assert time.monotonic() < deadline, "the work never got far enough to kill a process"
+      time.sleep(0.05)
+    self.group.signal(victim, signal.SIGKILL)
+    survivor = self.group.procs[1 - victim]
+    deadline = time.monotonic() + self.heartbeat_timeout + 20
+    while survivor.poll() is None and time.monotonic() < deadline:
+      time.sleep(0.2)
+    hung = survivor.poll() is None
+    if hung:
+      survivor.kill()
+    return self.wait(check=False), hung
+
+  def written(self, i: int, root: pathlib.Path) -> set[str]:
+    """Files under `root` that process i opened for writing, renamed or removed."""
+    log = self.audit / f"{self.group.procs[i].pid}.log"
+    paths = log.read_text().splitlines() if log.exists() else []
+    root = os.path.abspath(root)
+    return {os.path.relpath(p, root) for p in paths if p.startswith(root + os.sep)
+            and not os.path.basename(p).startswith(".write_probe_")}
+
+
+def _run_two(tmp_path, *args: str):
+  run = TwoProcesses(tmp_path, *args)
+  return run, run.wait()
+
+
+def _split(stderr: str, what: str) -> list[int]:
+  """The per-process counts a task logged on process 0 (the last such line)."""
+  found = re.findall(rf"{re.escape(what)} per process: \[([\d, ]+)\]", stderr)
+  assert found, f"no {what!r} line in:\n{stderr[-3000:]}"
+  return [int(x) for x in found[-1].split(",")]
+
+
+def _assert_split(counts: list[int], total: int) -> None:
+  assert len(counts) == 2 and min(counts) > 0 and sum(counts) == total, counts
+
+
+def _assert_same(a: pathlib.Path, b: pathlib.Path, *names: str) -> None:
+  for name in names:
+    assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+def _lines(path: pathlib.Path) -> int:
+  return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def _killed_and_rerun(tmp_path, args, victim: int, progress, at_least: int,
+                      root: pathlib.Path):
+  """Kills process `victim` once `progress()` reaches `at_least`, then reruns both.
+
+  Checks that process 1 wrote nothing under `root` in either run; returns the
+  killed run's results, whether its survivor hung, the progress left by the
+  killed run and the rerun's results.
+  """
+  killed = TwoProcesses(tmp_path, *args, heartbeat_timeout=10)
+  stopped, hung = killed.kill_when(victim, lambda: progress() >= at_least)
+  done = progress()
+  run, results = _run_two(tmp_path, *args)
+  assert killed.written(1, root) == run.written(1, root) == set()
+  return stopped, hung, done, results
+
+
+def _assert_survivor_stopped(results, victim: int, hung: bool) -> None:
+  """Checked after the rerun, so that a hung survivor still lets the resume be tested."""
+  # A failed collective raises in the survivor; the entry point then leaves
+  # the verdict to the peer watchdog instead of the interpreter's teardown,
+  # which would block inside the runtime.
+  assert not hung, f"process {victim} was killed and the survivor hung"
+  assert results[victim].returncode == -signal.SIGKILL
+  survivor = results[1 - victim]
+  assert survivor.returncode != 0, survivor.stderr[-3000:]
+  if victim == 1:  # the peer watchdog; losing process 0 makes JAX end the survivor
+    assert survivor.returncode == 75, survivor.stderr[-3000:]
+    assert "rerun every process" in survivor.stderr.strip().splitlines()[-1]
+
+
+# ------------------------------------------------------------------ annotate
+
+
+def _annotate(inputs, workdir) -> tuple[str, ...]:
+  return ("--config=configs/annotate.py", *MODEL, *MESH, "--config.init.checkpoint=",
+          f"--config.init.head={inputs['head']}", f"--config.tokenizer={inputs['tokenizer']}",
+          f"--config.data.input_path={inputs['rows']}", "--config.score.batch_size=8",
+          "--config.data.chunk_rows=8", f"--workdir={workdir}")
+
+
+@pytest.fixture(scope="module")
+def annotate_single(inputs, tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("annotate_single")
+  proc = _single(*_annotate(inputs, workdir))
+  return workdir, _split(proc.stderr, "annotate: sequences scored")[0]
+
+
+def test_annotate_two_processes_write_the_one_process_file(inputs, annotate_single, tmp_path):
+  single, scored = annotate_single
+  run, results = _run_two(tmp_path, *_annotate(inputs, tmp_path / "w"))
+  _assert_same(single, tmp_path / "w", "annotated.jsonl", "annotate_summary.json")
+  _assert_split(_split(results[0].stderr, "annotate: sequences scored"), scored)
+  assert run.written(0, tmp_path / "w") == {"annotated.jsonl", "annotate_summary.json"}
+  assert run.written(1, tmp_path / "w") == set()
+  assert "annotate:" in results[0].stdout and "annotate:" not in results[1].stdout
+
+
+def test_annotate_resumes_after_process_1_is_killed(inputs, annotate_single, tmp_path):
+  single, _ = annotate_single
+  out = tmp_path / "w" / "annotated.jsonl"
+  stopped, hung, written, _ = _killed_and_rerun(
+      tmp_path, _annotate(inputs, tmp_path / "w"), 1, lambda: _lines(out), 16, tmp_path / "w")
+  assert 16 <= written < ANNOTATE_ROWS
+  _assert_same(single, tmp_path / "w", "annotated.jsonl")
+  assert json.loads((tmp_path / "w" / "annotate_summary.json").read_text())[
+      "already_written"] == written
+  _assert_survivor_stopped(stopped, 1, hung)
+
+
+# --------------------------------------------------------------- evaluate_rm
+
+
+def _evaluate(inputs, workdir) -> tuple[str, ...]:
+  return ("--config=configs/evaluate_rm.py", *MODEL, *MESH, "--config.init.checkpoint=",
+          f"--config.init.head={inputs['head']}", f"--config.tokenizer={inputs['tokenizer']}",
+          "--config.data.demo_train_rows=8", "--config.data.demo_validation_rows=40",
+          "--config.score.batch_size=8", f"--workdir={workdir}")
+
+
+def test_evaluate_rm_two_processes_write_the_one_process_report(inputs, tmp_path):
+  proc = _single(*_evaluate(inputs, tmp_path / "single"))
+  scored = _split(proc.stderr, "evaluate_rm: sequences scored")[0]
+  run, results = _run_two(tmp_path, *_evaluate(inputs, tmp_path / "w"))
+  _assert_same(tmp_path / "single", tmp_path / "w", "rm_report.json", "rm_attributes.png")
+  _assert_split(_split(results[0].stderr, "evaluate_rm: sequences scored"), scored)
+  assert {"rm_report.json", "rm_attributes.png"} <= run.written(0, tmp_path / "w")
+  assert run.written(1, tmp_path / "w") == set()
+
+
+# ------------------------------------------------------------------ generate
+
+
+def _generate(inputs, workdir) -> tuple[str, ...]:
+  """Sampling (seeds matter) and best of 2 (the demo-rule scores are split too)."""
+  return ("--config=configs/generate.py", *MODEL, *MESH,
+          f"--config.tokenizer={inputs['tokenizer']}", f"--config.input={inputs['prompts']}",
+          "--config.batch_size=8", "--config.max_new_tokens=16", "--config.max_length=128",
+          "--config.sampling.temperature=0.8", "--config.sampling.top_k=40",
+          "--config.best_of_n.n=2", f"--workdir={workdir}")
+
+
+@pytest.fixture(scope="module")
+def generate_single(inputs, tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("generate_single")
+  proc = _single(*_generate(inputs, workdir))
+  assert _split(proc.stderr, "generate: rows decoded") == [2 * PROMPTS]  # best of 2
+  return workdir
+
+
+def test_generate_two_processes_write_the_one_process_file(inputs, generate_single, tmp_path):
+  run, results = _run_two(tmp_path, *_generate(inputs, tmp_path / "w"))
+  _assert_same(generate_single, tmp_path / "w", "generations.jsonl")
+  _assert_split(_split(results[0].stderr, "generate: rows decoded"), 2 * PROMPTS)
+  assert run.written(0, tmp_path / "w") == {"generations.jsonl"}
+  assert run.written(1, tmp_path / "w") == set()
+
+
+def test_generate_resumes_after_process_0_is_killed(inputs, generate_single, tmp_path):
+  out = tmp_path / "w" / "generations.jsonl"
+  stopped, hung, written, results = _killed_and_rerun(
+      tmp_path, _generate(inputs, tmp_path / "w"), 0, lambda: _lines(out), 8, tmp_path / "w")
+  assert 8 <= written < PROMPTS
+  _assert_same(generate_single, tmp_path / "w", "generations.jsonl")
+  assert f"({written} already answered)" in results[0].stdout
+  _assert_survivor_stopped(stopped, 0, hung)
+
+
+# ------------------------------------------------------------------ build_2d
+
+
+def _build_2d_fake(calls: pathlib.Path, workdir) -> tuple[str, ...]:
+  calls.mkdir(parents=True, exist_ok=True)
+  return ("--config=configs/build_2d.py", "--config.scorer.factory=fake_scorer:make_recording",
+          f"--config.scorer.checkpoint={calls}", "--config.scorer.batch=16",
+          "--config.data.demo_rows=24", f"--workdir={workdir}")
+
+
+def _calls(path: pathlib.Path) -> list[int]:
+  return [int(n) for n in path.read_text().split()] if path.exists() else []
+
+
+def _assert_same_build_2d(a: pathlib.Path, b: pathlib.Path) -> None:
+  _assert_same(a, b, "helpsteer_2d.jsonl")
+  summaries = [json.loads((d / "build_2d.json").read_text()) for d in (a, b)]
+  for s in summaries:
+    s.pop("output")
+  assert summaries[0] == summaries[1]
+
+
+def test_build_2d_splits_a_host_side_scorer_across_processes(tmp_path):
+  _single(*_build_2d_fake(tmp_path / "calls_single", tmp_path / "single"))
+  texts = sum(_calls(tmp_path / "calls_single" / "calls_0.txt"))
+  run, results = _run_two(tmp_path, *_build_2d_fake(tmp_path / "calls", tmp_path / "w"))
+  _assert_same_build_2d(tmp_path / "single", tmp_path / "w")
+  shares = [sum(_calls(tmp_path / "calls" / f"calls_{i}.txt")) for i in (0, 1)]
+  assert shares == [-(-texts // 2), texts // 2]  # contiguous halves, each scored once
+  assert _split(results[0].stderr, "build_2d: texts scored") == shares
+  assert run.written(0, tmp_path / "w") >= {"helpsteer_2d.jsonl", "build_2d.json"}
+  assert run.written(1, tmp_path / "w") == set()
+
+
+def _build_2d_model(inputs, workdir) -> tuple[str, ...]:
+  return ("--config=configs/build_2d.py", *MODEL, *MESH, "--config.init.checkpoint=",
+          f"--config.init.head={inputs['head']}", f"--config.tokenizer={inputs['tokenizer']}",
+          "--config.data.demo_rows=12", "--config.score.batch_size=8", f"--workdir={workdir}")
+
+
+def test_build_2d_attribute_model_splits_by_the_mesh(inputs, tmp_path):
+  proc = _single(*_build_2d_model(inputs, tmp_path / "single"))
+  texts = _split(proc.stderr, "build_2d: texts scored")[0]
+  run, results = _run_two(tmp_path, *_build_2d_model(inputs, tmp_path / "w"))
+  _assert_same_build_2d(tmp_path / "single", tmp_path / "w")
+  _assert_split(_split(results[0].stderr, "build_2d: texts scored"), texts)
+  assert run.written(1, tmp_path / "w") == set()
+
+
+# ------------------------------------------------------- 2D-DPO reference pass
+
+
+def _dpo2d(inputs, workdir) -> tuple[str, ...]:
+  return ("--config=configs/dpo2d.py", *MODEL, *MESH, "--config.model.attention_block_size=64",
+          f"--config.tokenizer={inputs['tokenizer']}",
+          f"--config.data.demo_train_pairs={REFERENCE_PAIRS}",
+          "--config.data.demo_validation_pairs=0", "--config.data.max_segments=8",
+          "--config.reference.batch=8", "--config.train.num_steps=1",
+          "--config.train.global_batch=8", "--config.train.micro_batch=8",
+          "--config.train.seq_len=128", "--config.train.export_hf=False",
+          "--config.train.save_every=100", "--config.optimizer.warmup_steps=0",
+          "--config.optimizer.schedule=constant", f"--workdir={workdir}")
+
+
+def _parts(workdir: pathlib.Path) -> list[pathlib.Path]:
+  return sorted((workdir / "reference" / "train").glob("part_????????.npy"))
+
+
+@pytest.fixture(scope="module")
+def reference_single(inputs, tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("dpo2d_single")
+  proc = _single(*_dpo2d(inputs, workdir))
+  assert _split(proc.stderr, "reference pass train: pairs computed") == [REFERENCE_PAIRS]
+  return workdir / "reference" / "train"
+
+
+def _assert_same_cache(single: pathlib.Path, workdir: pathlib.Path) -> None:
+  cache = workdir / "reference" / "train"
+  names = sorted(p.name for p in single.iterdir())
+  assert sorted(p.name for p in cache.iterdir()) == names
+  assert len(names) == REFERENCE_PAIRS // 8 + 1  # the parts and the manifest
+  _assert_same(single, cache, *names)
+
+
+def test_reference_pass_two_processes_write_the_one_process_cache(
+    inputs, reference_single, tmp_path):
+  run, results = _run_two(tmp_path, *_dpo2d(inputs, tmp_path / "w"))
+  _assert_same_cache(reference_single, tmp_path / "w")
+  _assert_split(_split(results[0].stderr, "reference pass train: pairs computed"),
+                REFERENCE_PAIRS)
+  assert run.written(1, tmp_path / "w" / "reference") == set()
+
+
+def test_reference_pass_resumes_after_process_0_is_killed(inputs, reference_single, tmp_path):
+  stopped, hung, kept, results = _killed_and_rerun(
+      tmp_path, _dpo2d(inputs, tmp_path / "w"), 0, lambda: len(_parts(tmp_path / "w")), 3,
+      tmp_path / "w" / "reference")
+  batches = REFERENCE_PAIRS // 8
+  assert 3 <= kept < batches
+  assert f"reference pass: {batches - kept} of {batches} batches" in results[0].stderr
+  _assert_same_cache(reference_single, tmp_path / "w")
+  _assert_split(_split(results[0].stderr, "reference pass train: pairs computed"),
+                REFERENCE_PAIRS - 8 * kept)
+  _assert_survivor_stopped(stopped, 0, hung)
