@@ -34,6 +34,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 from typing import Any
 
 import jax
@@ -272,6 +273,22 @@ def _exit_with(message: str, status: int) -> None:
   sys.stderr.write(f"\nerror: {message}\n")  # a progress bar may hold the current line
   sys.stderr.flush()
   os._exit(status)
+
+
+def exit_after_error() -> None:
+  """Ends a multi-process run after an unexpected error, never hanging.
+
+  A collective whose peer died raises here, and the interpreter's normal
+  shutdown would then block inside the runtime. The traceback is printed,
+  the watchdog gets its timeout to report a lost peer (exit 75), and
+  otherwise the process exits 1 (its peers then report it lost).
+  """
+  traceback.print_exc()
+  sys.stderr.flush()
+  watchdog = PeerWatchdog._active
+  if watchdog is not None and not watchdog._stop.is_set():
+    time.sleep(watchdog.heartbeat_timeout + 2 * watchdog.interval)
+  os._exit(1)
 
 
 def finish(timeout: float = 300) -> None:

@@ -107,6 +107,12 @@ def main(argv: list[str]) -> None:
           " bad records and have them counted and reported at the end)")
   except HelpsteerError as e:
     _fail(str(e))
+  except Exception:  # noqa: BLE001 - see distributed.exit_after_error
+    jax = sys.modules.get("jax")
+    if jax is not None and jax.distributed.is_initialized() and jax.process_count() > 1:
+      from helpsteer_jax import distributed
+      distributed.exit_after_error()
+    raise
 
 
 def run() -> None:
