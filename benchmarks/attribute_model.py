@@ -68,7 +68,7 @@ def jax_worker(conn, hf_dir, head_path, mode, batch, seq, sequences, score_batch
   from helpsteer_jax.train.optim import optimizer_config
 
   config = config_base.base_config("bench")
-  config.model = config_base.model_config("bench_100m", hf_path=hf_dir)
+  config.model = config_base.model_section("bench_100m", hf_path=hf_dir)
   config.data = config_base.data_config(packing=False)
   config.mesh = config_base.mesh_config(1, 1, 1)
   config.init = reward_runtime.init_config(head=head_path)

@@ -112,13 +112,13 @@ def jax_worker(conn, hf_dir, pairs, seq, mode):
   import jax.numpy as jnp
   from helpsteer_jax import config_base, runtime
   from helpsteer_jax.losses import dpo2d
-  from helpsteer_jax.losses.preference import preference_loss
+  from helpsteer_jax.losses.pair_logprobs import preference_loss
   from helpsteer_jax.train import loop
   from helpsteer_jax.train import state as state_lib
   from helpsteer_jax.train.optim import optimizer_config
 
   config = config_base.base_config("bench")
-  config.model = config_base.model_config("bench_100m", hf_path=hf_dir)
+  config.model = config_base.model_section("bench_100m", hf_path=hf_dir)
   config.data = config_base.data_config(packing=False, fixed_shape=True)
   config.mesh = config_base.mesh_config(1, 1, 1)
   config.train = loop.train_config(num_steps=1000, global_batch=pairs, micro_batch=pairs,

@@ -36,7 +36,7 @@ def jax_worker(conn, hf_dir, batch, seq, analysis):
   os.environ["JAX_PLATFORMS"] = "cpu"
   import jax
   import numpy as np
-  from helpsteer_jax import config_base, loops, runtime
+  from helpsteer_jax import config_base, runtime, unrollable
   from helpsteer_jax.data import pipeline
   from helpsteer_jax.losses.sft import sft_loss
   from helpsteer_jax.train import loop
@@ -45,7 +45,7 @@ def jax_worker(conn, hf_dir, batch, seq, analysis):
 
   def build(batch_size, **model_knobs):
     config = config_base.base_config("bench")
-    config.model = config_base.model_config("bench_100m", hf_path=hf_dir, **model_knobs)
+    config.model = config_base.model_section("bench_100m", hf_path=hf_dir, **model_knobs)
     config.data = config_base.data_config()
     config.mesh = config_base.mesh_config(1, 1, 1)
     config.train = loop.train_config(num_steps=1000, global_batch=batch_size,
@@ -65,7 +65,7 @@ def jax_worker(conn, hf_dir, batch, seq, analysis):
   trainer, batch_arrays, model_cfg = build(batch)
   stats = {"params": model_cfg.num_params()}
   if analysis:
-    with loops.unrolled_for_analysis():
+    with unrollable.unrolled_for_analysis():
       t1, b1, _ = build(1, scan_layers=False)
       with jax.set_mesh(t1.rt.mesh):
         compiled = t1.train_step.lower(t1.state, b1).compile()

@@ -17,7 +17,7 @@ from helpsteer_jax.train.optim import optimizer_config
 
 
 def _demo(config):
-  config.model = config_base.model_config(
+  config.model = config_base.model_section(
       "tiny", hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
       num_kv_heads=2)
   config.train = train_config(num_steps=200, global_batch=16, micro_batch=16, seq_len=256,
@@ -29,7 +29,7 @@ def _demo(config):
 
 
 def _big(config, preset, *, steps, batch, lr, min_lr, constant_steps, warmup):
-  config.model = config_base.model_config(preset, dtype="bfloat16", param_dtype="float32",
+  config.model = config_base.model_section(preset, dtype="bfloat16", param_dtype="float32",
                                           remat_policy="full")
   config.train = train_config(num_steps=steps, global_batch=batch, micro_batch=batch,
                               seq_len=4096, log_every=1, eval_every=100, save_every=50,
@@ -56,7 +56,7 @@ def get_config(preset: str = ""):
     return _big(config, preset, steps=800, batch=128, lr=6e-6, min_lr=5e-6,
                 constant_steps=200, warmup=1)
   if preset == "smollm2_135m":
-    config.model = config_base.model_config("smollm2_135m", attention_impl="blockwise")
+    config.model = config_base.model_section("smollm2_135m", attention_impl="blockwise")
     config.train = train_config(num_steps=1000, global_batch=32, micro_batch=8, seq_len=2048,
                                 log_every=10, eval_every=200, save_every=200,
                                 loss_chunk_size=512, export_dtype="bfloat16")

@@ -23,7 +23,7 @@ from helpsteer_jax.train.optim import optimizer_config
 
 def _demo(config):
   # The AC-SFT demo's model shape, so `init.checkpoint` may point at its workdir.
-  config.model = config_base.model_config(
+  config.model = config_base.model_section(
       "tiny", hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
       num_kv_heads=2)
   config.train = train_config(num_steps=200, global_batch=16, micro_batch=16, seq_len=256,
@@ -35,7 +35,7 @@ def _demo(config):
 
 def _big(config, preset, *, steps, batch, lr, min_lr=0.0, schedule="cosine", warmup=10,
          constant_steps=0):
-  config.model = config_base.model_config(preset, dtype="bfloat16", param_dtype="float32",
+  config.model = config_base.model_section(preset, dtype="bfloat16", param_dtype="float32",
                                           remat_policy="full")
   config.train = train_config(num_steps=steps, global_batch=batch, micro_batch=batch,
                               seq_len=4096, log_every=1, eval_every=50, save_every=50,

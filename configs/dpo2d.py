@@ -60,7 +60,7 @@ def _base():
 
 
 def _demo(config):
-  config.model = config_base.model_config(
+  config.model = config_base.model_section(
       "tiny", hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
       num_kv_heads=2, attention_block_size=64)
   config.model.init_checkpoint = ""
@@ -77,7 +77,7 @@ def _demo(config):
 
 def _big(config, preset, *, batch=64, lr=5e-7, seq_len=4096, tensor=1):
   # A common DPO recipe at this scale (beta 0.1, lr 5e-7, cosine with warmup, batch 64).
-  config.model = config_base.model_config(preset, dtype="bfloat16", param_dtype="float32",
+  config.model = config_base.model_section(preset, dtype="bfloat16", param_dtype="float32",
                                           remat_policy="full")
   config.model.init_checkpoint = ""
   config.train = train_config(num_steps=1000, global_batch=batch, micro_batch=batch // 8,

@@ -53,11 +53,11 @@ def get_config(preset: str = ""):
       weights=ml_collections.ConfigDict({name: HELPSTEER2_WEIGHTS.get(name, 0.0)
                                          for name in steering.NEMO_DEFAULTS})))
   if preset in ("", "demo"):
-    config.model = config_base.model_config("tiny")
+    config.model = config_base.model_section("tiny")
     config.steer_attributes = "helpsteer"
     return config
   if preset in ("llama2_70b", "llama3_70b", "llama3_8b", "smollm2_135m"):
-    config.model = config_base.model_config(preset, dtype="bfloat16", param_dtype="bfloat16")
+    config.model = config_base.model_section(preset, dtype="bfloat16", param_dtype="bfloat16")
     config.mesh = config_base.mesh_config(data=1, fsdp=1, tensor=-1)
     config.max_new_tokens = 512
     config.max_length = 4096

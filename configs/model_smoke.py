@@ -10,7 +10,7 @@ from helpsteer_jax import config_base
 
 def get_config(preset: str = "tiny"):
   config = config_base.base_config("model_smoke")
-  config.model = config_base.model_config(preset)
+  config.model = config_base.model_section(preset)
   config.prompt = "What is the capital of France?"
   config.batch_size = 8
   return config

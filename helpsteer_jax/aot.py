@@ -27,7 +27,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from helpsteer_jax import loops, runtime
+from helpsteer_jax import runtime, unrollable
 from helpsteer_jax.errors import ConfigError
 
 GIB = 1024 ** 3
@@ -199,7 +199,7 @@ def unrolled_flops_per_step(config: ml_collections.ConfigDict, make_spec: Callab
     with cfg.unlocked():
       cfg.model.num_layers = layers
       cfg.train.global_batch = cfg.train.micro_batch
-    with loops.unrolled_for_analysis():
+    with unrollable.unrolled_for_analysis():
       spec = make_spec(cfg)
       compiled = spec.lower().compile()
     per.append(_flops(compiled) * spec.rt.mesh.size)

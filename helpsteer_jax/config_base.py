@@ -26,7 +26,7 @@ _SHAPE_FIELDS = {
 }
 
 
-def model_config(preset: str = "tiny", **knobs: Any) -> ml_collections.ConfigDict:
+def model_section(preset: str = "tiny", **knobs: Any) -> ml_collections.ConfigDict:
   """The `config.model` section: a preset or an HF directory, plus knobs."""
   cfg = ml_collections.ConfigDict()
   cfg.preset = preset
@@ -72,7 +72,7 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   cfg = ml_collections.ConfigDict()
   cfg.task = task
   cfg.seed = 0
-  cfg.model = model_config()
+  cfg.model = model_section()
   cfg.mesh = mesh_config()
   cfg.sharding_rules = tuple(sharding_lib.DEFAULT_RULES)
   cfg.tokenizer = ""  # HF tokenizer directory; "" = the model's or the demo one

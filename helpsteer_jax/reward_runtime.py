@@ -160,13 +160,13 @@ def scoring_preset(config: ml_collections.ConfigDict, preset: str) -> ml_collect
   """
   from helpsteer_jax import config_base
   if preset in ("", "demo"):
-    config.model = config_base.model_config(
+    config.model = config_base.model_section(
         "tiny", hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
         num_kv_heads=2)
     config.score.max_len = 256
     return config
   if preset in SCORING_PRESETS:
-    config.model = config_base.model_config(preset, dtype="bfloat16", param_dtype="float32")
+    config.model = config_base.model_section(preset, dtype="bfloat16", param_dtype="float32")
     config.mesh = config_base.mesh_config(data=1, fsdp=-1, tensor=1)
     config.score.batch_size = 8
     return config

@@ -65,7 +65,7 @@ def _expected_problem(s, devices: int) -> str | None:
 def _check(s) -> None:
   config = config_base.base_config("acsft")
   config.mesh = config_base.mesh_config(s["data"], s["fsdp"], s["tensor"])
-  config.model = config_base.model_config(
+  config.model = config_base.model_section(
       "tiny", hidden_size=s["hidden"], intermediate_size=s["mlp"], num_layers=2,
       num_heads=s["num_heads"], num_kv_heads=s["kv_heads"], head_dim=16,
       vocab_size=s["vocab"])

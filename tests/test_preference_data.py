@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from helpsteer_jax.data import demo, pipeline, preference, readers
+from helpsteer_jax.data import demo, pipeline, preference, readers, records
 from helpsteer_jax.data import rm as rm_data
 from helpsteer_jax.data.demo_tokenizer import build_demo_tokenizer
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
@@ -96,8 +96,8 @@ def test_regression_features_end_in_label_start_and_pack(tokenizer, tmp_path):
     assert f["inputs"][-1] == label_start and f["readout"][-1] == 1 and f["readout"].sum() == 1
     want = rm_data.label_vector(conv.attributes)
     np.testing.assert_array_equal(f["labels"][-1], want)
-    assert (f["labels"][:-1] == rm_data.IGNORE_LABEL).all()
-  assert want[:4].tolist() == [rm_data.IGNORE_LABEL] * 4  # HelpSteer fills slots 4..8
+    assert (f["labels"][:-1] == records.IGNORE_LABEL).all()
+  assert want[:4].tolist() == [records.IGNORE_LABEL] * 4  # HelpSteer fills slots 4..8
   batch = next(iter(pipeline.training_dataset(feats, pipeline.PipelineConfig(128, 2))))
   assert batch["labels"].shape == (2, 128, len(ATTRIBUTES))
   # every packed sequence keeps exactly one readout, at its last token
@@ -115,7 +115,7 @@ def test_pair_features_are_two_segments_in_one_padded_row(tokenizer, tmp_path):
   assert report.kept == 2 and report.no_loss == 1  # the tie is not trained on
   f = feats[1]
   n_c = int(np.sum(f["segment_ids"] == 1))
-  assert f["pair"][n_c - 1] == rm_data.CHOSEN and f["pair"][-1] == rm_data.REJECTED
+  assert f["pair"][n_c - 1] == records.CHOSEN and f["pair"][-1] == records.REJECTED
   assert f["margin"][n_c - 1] == 1 and f["positions"][n_c] == 0
   with pytest.raises(ValueError, match="packing"):
     next(iter(pipeline.training_dataset(feats, pipeline.PipelineConfig(128, 2, packing=True))))

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpsteer_jax.data.rm import CHOSEN, REJECTED
+from helpsteer_jax.data.records import CHOSEN, REJECTED
 from helpsteer_jax.losses.bt import BT_VARIANTS, bt_loss, bt_pair_losses
 from helpsteer_jax.losses.regression import masked_mse, masked_mse_sums, regression_loss
 

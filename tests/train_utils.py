@@ -14,7 +14,7 @@ from helpsteer_jax.train.optim import optimizer_config
 
 def tiny_config(mesh=(2, 2, 2), **train):
   config = config_base.base_config("unit")
-  config.model = config_base.model_config("tiny", attention_block_size=32)
+  config.model = config_base.model_section("tiny", attention_block_size=32)
   config.data = config_base.data_config()
   config.mesh = config_base.mesh_config(*mesh)
   defaults = dict(num_steps=6, global_batch=8, micro_batch=4, seq_len=64, log_every=1,

@@ -22,7 +22,8 @@ from typing import Iterator
 
 import numpy as np
 
-ATTRIBUTES = ("helpfulness", "correctness", "coherence", "complexity", "verbosity")
+from helpsteer_jax.data.records import HELPSTEER_ATTRIBUTES
+
 SENTENCES_PER_VERBOSITY = (1, 2, 3, 5, 7)
 TURN_USER = "\n<extra_id_1>User\n"
 TURN_ASSISTANT = "\n<extra_id_1>Assistant\n"
@@ -225,7 +226,7 @@ def corpus(num_rows: int = 3000, seed: int = 0) -> Iterator[str]:
   template costs few tokens."""
   from helpsteer_jax.data import readers, template
   for row in demo_rows(num_rows, seed):
-    scores = {k: row[k] for k in ATTRIBUTES}
+    scores = {k: row[k] for k in HELPSTEER_ATTRIBUTES}
     conv = readers.helpsteer_conversation(row["prompt"], row["response"], scores)
     yield template.sft_text(conv)
 

@@ -9,8 +9,11 @@ from typing import Mapping
 ATTRIBUTES = ("quality", "toxicity", "humor", "creativity", "helpfulness",
               "correctness", "coherence", "complexity", "verbosity")
 HELPSTEER_ATTRIBUTES = ATTRIBUTES[4:]
+NUM_ATTRIBUTES = len(ATTRIBUTES)
 ROLES = ("User", "Assistant")
 MIN_SCORE, MAX_SCORE = 0, 4
+IGNORE_LABEL = -100.0  # a missing attribute (NeMo-Aligner's convention)
+CHOSEN, REJECTED = 1, 2  # a BT pair row's `pair` marks at each response's last token
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,11 +20,8 @@ import numpy as np
 
 from helpsteer_jax.data import template, tokenize
 from helpsteer_jax.data.preference import PreferencePair
-from helpsteer_jax.data.records import ATTRIBUTES, Conversation
+from helpsteer_jax.data.records import ATTRIBUTES, CHOSEN, IGNORE_LABEL, REJECTED, Conversation
 from helpsteer_jax.data.sft import TokenizationReport
-
-IGNORE_LABEL = -100.0  # a missing attribute (NeMo-Aligner's convention)
-CHOSEN, REJECTED = 1, 2  # `pair` at the last token of each response
 
 
 def label_vector(attributes: Mapping[str, int] | None) -> np.ndarray:

@@ -15,8 +15,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from helpsteer_jax.data.records import ATTRIBUTES, MAX_SCORE, MIN_SCORE
-from helpsteer_jax.data.rm import IGNORE_LABEL
+from helpsteer_jax.data.records import ATTRIBUTES, IGNORE_LABEL, MAX_SCORE, MIN_SCORE
 
 # Llama3-70B-SteerLM-RM: reward = attributes . weights (ATTRIBUTES order).
 STEERLM_RM_WEIGHTS = (0.0, 0.0, 0.0, 0.0, 0.65, 0.8, 0.45, 0.55, -0.4)

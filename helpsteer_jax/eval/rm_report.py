@@ -8,8 +8,7 @@ import pathlib
 
 import numpy as np
 
-from helpsteer_jax.data.records import ATTRIBUTES, MAX_SCORE, MIN_SCORE
-from helpsteer_jax.data.rm import IGNORE_LABEL
+from helpsteer_jax.data.records import ATTRIBUTES, IGNORE_LABEL, MAX_SCORE, MIN_SCORE
 
 
 def _fmt(x: float) -> str:

@@ -15,8 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from helpsteer_jax.data.records import ATTRIBUTES
-from helpsteer_jax.data.rm import CHOSEN, REJECTED
+from helpsteer_jax.data.records import ATTRIBUTES, CHOSEN, REJECTED
 
 BT_VARIANTS = ("regular_bt", "margin_bt", "scaled_bt")
 

@@ -25,7 +25,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from helpsteer_jax import loops
+from helpsteer_jax import unrollable
 from helpsteer_jax.sharding import constrain
 
 
@@ -78,7 +78,7 @@ def _token_logprobs_fwd(hidden, weight, targets, chunk_size):
     return lp, jax.lax.dynamic_update_slice_in_dim(lse_all, lse, i * c, axis=1)
 
   zeros = jnp.zeros(targets.shape, jnp.float32)
-  logprobs, lse = loops.fori_loop(0, n, body, (zeros, zeros))
+  logprobs, lse = unrollable.fori_loop(0, n, body, (zeros, zeros))
   return logprobs, (hidden, weight, targets, lse)
 
 
@@ -98,7 +98,7 @@ def _token_logprobs_bwd(chunk_size, residuals, g):
     return jax.lax.dynamic_update_slice_in_dim(dh, dh_c.astype(dh.dtype), i * c, axis=1), dw
 
   init = (jnp.zeros(hidden.shape, hidden.dtype), jnp.zeros(weight.shape, jnp.float32))
-  dh, dw = loops.fori_loop(0, n, body, init)
+  dh, dw = unrollable.fori_loop(0, n, body, init)
   return dh, dw.astype(weight.dtype), None
 
 
@@ -144,7 +144,7 @@ def _vocab_fwd(hidden, weight, targets, vocab_chunk):
     return new_m, s, jnp.where(which == i, t, tgt)
 
   zeros = jnp.zeros(targets.shape, jnp.float32)
-  m, s, tgt = loops.fori_loop(0, n, body, (zeros - jnp.inf, zeros, zeros))
+  m, s, tgt = unrollable.fori_loop(0, n, body, (zeros - jnp.inf, zeros, zeros))
   lse = m + jnp.log(s)
   return tgt - lse, (hidden, weight, targets, lse)
 
@@ -166,7 +166,7 @@ def _vocab_bwd(vocab_chunk, residuals, g):
     return dh, dw3.at[:, :, i].set(dw.astype(dw3.dtype))
 
   init = (jnp.zeros(hidden.shape, jnp.float32), jnp.zeros(w3.shape, weight.dtype))
-  dh, dw3 = loops.fori_loop(0, n, body, init)
+  dh, dw3 = unrollable.fori_loop(0, n, body, init)
   return dh.astype(hidden.dtype), dw3.reshape(weight.shape), None
 
 
@@ -207,7 +207,7 @@ def weighted_nll(hidden: jax.Array, weight: jax.Array, targets: jax.Array,
     _, lse, tgt = _chunk_stats(_slice(hidden, i, c), weight, _slice(targets, i, c))
     return total + jnp.sum((lse - tgt) * _slice(weights, i, c))
 
-  return loops.fori_loop(0, n, body, jnp.zeros((), jnp.float32))
+  return unrollable.fori_loop(0, n, body, jnp.zeros((), jnp.float32))
 
 
 def _weighted_nll_fwd(hidden, weight, targets, weights, chunk_size):
@@ -228,7 +228,7 @@ def _weighted_nll_fwd(hidden, weight, targets, weights, chunk_size):
 
   init = (jnp.zeros((), jnp.float32), jnp.zeros(hidden.shape, hidden.dtype),
           jnp.zeros(weight.shape, jnp.float32))
-  total, dh, dw = loops.fori_loop(0, n, body, init)
+  total, dh, dw = unrollable.fori_loop(0, n, body, init)
   return total, (dh, dw.astype(weight.dtype))
 
 

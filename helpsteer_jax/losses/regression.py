@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from helpsteer_jax.data.rm import IGNORE_LABEL
+from helpsteer_jax.data.records import IGNORE_LABEL
 
 
 def masked_mse_sums(preds: jax.Array, labels: jax.Array,

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from helpsteer_jax import loops
+from helpsteer_jax import unrollable as loops
 from helpsteer_jax import sharding as sharding_lib
 
 NEG_INF = -0.7 * float(np.finfo(np.float32).max)

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from helpsteer_jax import loops
+from helpsteer_jax import unrollable as loops
 from helpsteer_jax.models import attention as attention_lib
 from helpsteer_jax.models import kv_cache
 from helpsteer_jax.models.config import ModelConfig

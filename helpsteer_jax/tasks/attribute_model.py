@@ -23,7 +23,7 @@ from flax import nnx
 from helpsteer_jax import reward_runtime, runtime
 from helpsteer_jax.data import demo, preference
 from helpsteer_jax.data import rm as rm_data
-from helpsteer_jax.data.records import ATTRIBUTES
+from helpsteer_jax.data.records import ATTRIBUTES, IGNORE_LABEL
 from helpsteer_jax.data.sources import load_conversations
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.eval import rm_eval, rm_report
@@ -130,7 +130,7 @@ def abstract_train_step(config: ml_collections.ConfigDict,
   n = config.train.seq_len
   if config.loss == "regression":  # one conversation, labels at its last token
     example = {"inputs": np.zeros(n, np.int32),
-               "labels": np.full((n, len(ATTRIBUTES)), rm_data.IGNORE_LABEL, np.float32),
+               "labels": np.full((n, len(ATTRIBUTES)), IGNORE_LABEL, np.float32),
                "readout": np.zeros(n, np.float32)}
   else:  # a pair: chosen then rejected in one row
     half = n // 2

@@ -26,7 +26,7 @@ from helpsteer_jax.data import demo_2d, pair_rows, pairs
 from helpsteer_jax.data.readers import BadRecordReport
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.losses import dpo2d
-from helpsteer_jax.losses.preference import preference_loss
+from helpsteer_jax.losses.pair_logprobs import preference_loss
 from helpsteer_jax.models import hf
 from helpsteer_jax.models.llama import Llama
 from helpsteer_jax.train import abstract_step, loop, reference

@@ -30,7 +30,7 @@ from absl import logging
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from helpsteer_jax import loops, runtime
+from helpsteer_jax import runtime, unrollable
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.data import pipeline
 from helpsteer_jax.errors import ConfigError, TrainingError
@@ -111,7 +111,7 @@ def make_train_step(graphdef: nnx.GraphDef, rest: Any, loss_fn: LossFn,
         zero_sums = jax.tree.map(lambda x: jnp.zeros((), jnp.float32),
                                  jax.eval_shape(lambda: micro_loss(state.params, first, *frozen)[1]))
         zero_sums = {"loss": jnp.zeros((), jnp.float32), **zero_sums}
-        (grads, sums), _ = loops.scan(accumulate, (_tree_zeros_like(state.params), zero_sums),
+        (grads, sums), _ = unrollable.scan(accumulate, (_tree_zeros_like(state.params), zero_sums),
                                       batch)
       # A non-finite loss poisons the gradient too, so the update is skipped
       # (`tx` is wrapped in optax.apply_if_finite, see optim.make_optimizer).

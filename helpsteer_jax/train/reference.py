@@ -28,7 +28,7 @@ from jax.sharding import NamedSharding
 
 from helpsteer_jax import multihost, runtime
 from helpsteer_jax import sharding as sharding_lib
-from helpsteer_jax.losses.preference import model_segment_logps
+from helpsteer_jax.losses.pair_logprobs import model_segment_logps
 from helpsteer_jax.train import state as state_lib
 
 INPUT_KEYS = ("inputs", "targets", "positions", "segment_ids", "token_segments", "seg_mask")
