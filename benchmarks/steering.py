@@ -30,7 +30,7 @@ common.setup_cpu_process()
 import numpy as np  # noqa: E402
 
 from helpsteer_jax import runtime  # noqa: E402
-from helpsteer_jax.data import demo  # noqa: E402
+from helpsteer_jax.data.demo import rows as demo  # noqa: E402
 from helpsteer_jax.inference import best_of_n, steering  # noqa: E402
 from helpsteer_jax.inference.sampling import SamplingConfig  # noqa: E402
 from helpsteer_jax.tasks import generate  # noqa: E402

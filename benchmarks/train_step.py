@@ -37,7 +37,7 @@ def jax_worker(conn, hf_dir, batch, seq, analysis):
   import jax
   import numpy as np
   from helpsteer_jax import config_base, runtime, unrollable
-  from helpsteer_jax.data import pipeline
+  from helpsteer_jax.data.features.next_token import next_token_features
   from helpsteer_jax.losses.sft import sft_loss
   from helpsteer_jax.train import loop
   from helpsteer_jax.train import state as state_lib
@@ -56,7 +56,7 @@ def jax_worker(conn, hf_dir, batch, seq, analysis):
     rt = runtime.setup(config)
     parts = state_lib.split_model(runtime.build_model(config, rt), rt.mesh, rt.rules)
     tokens = _tokens(batch_size, seq, runtime.model_config(config).vocab_size)
-    features = [pipeline.next_token_features(t, np.ones(seq + 1, bool)) for t in tokens]
+    features = [next_token_features(t, np.ones(seq + 1, bool)) for t in tokens]
     trainer = loop.Trainer(config, tempfile.mkdtemp(), rt, parts,
                            functools.partial(sft_loss, chunk_size=256), features)
     batch_arrays, _ = trainer._next_batch()

@@ -20,7 +20,7 @@ from absl import logging
 from flax import nnx
 
 from helpsteer_jax import runtime
-from helpsteer_jax.data import rm as rm_data
+from helpsteer_jax.data.features import rm as rm_data
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference.scoring import Scorer

@@ -73,7 +73,7 @@ def tokenizer_dir(config: ml_collections.ConfigDict, workdir: str | pathlib.Path
     return config.tokenizer
   if config.model.hf_path:
     return config.model.hf_path
-  from helpsteer_jax.data import demo_tokenizer
+  from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
   out = pathlib.Path(workdir) / "demo_tokenizer"
   if jax.process_index() == 0:  # one writer; the others wait for it
     demo_tokenizer.build_demo_tokenizer(out)

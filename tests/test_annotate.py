@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from helpsteer_jax.data import readers
+from helpsteer_jax.data.formats import helpsteer as readers
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.data.template import parse_label_string
 from helpsteer_jax.errors import ConfigError

@@ -7,8 +7,10 @@ import pytest
 
 import fake_scorer
 from conftest import REPO_ROOT
-from helpsteer_jax.data import build_2d, pairs, segment
-from helpsteer_jax.data.readers import helpsteer_conversation
+from helpsteer_jax.data import segment
+from helpsteer_jax.data.formats import helpsteer_2d as pairs
+from helpsteer_jax.data.formats.helpsteer import helpsteer_conversation
+from helpsteer_jax.inference import segment_scores as build_2d
 from helpsteer_jax.data.template import regression_text
 from helpsteer_jax.data.records import HELPSTEER_ATTRIBUTES
 from helpsteer_jax.errors import ConfigError

@@ -8,7 +8,7 @@ import torch
 import transformers
 
 from cli_utils import run_main
-from helpsteer_jax.data import demo_tokenizer
+from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 
 
 def test_model_smoke_default_runs(tmp_path):

@@ -9,9 +9,10 @@ import types
 
 import pytest
 
-from helpsteer_jax.data import demo, readers
-from helpsteer_jax.data.readers import (
-    BadRecordReport, iter_json_lines, read_helpsteer, read_records, read_steerlm_conversations)
+from helpsteer_jax.data import demo
+from helpsteer_jax.data.formats.helpsteer import (
+    load_conversations, read_helpsteer, read_records, read_steerlm_conversations)
+from helpsteer_jax.data.formats.rows import BadRecordReport, iter_json_lines
 from helpsteer_jax.data.records import HELPSTEER_ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.data.template import (
     DEFAULT_SYSTEM, generation_prompt, parse_label_string, regression_text, sft_pieces)
@@ -336,7 +337,7 @@ def test_auto_format_sniffs_the_first_valid_row(tmp_path):
 def test_tfds_builds_and_reads_back_without_tensorflow(tmp_path):
   pytest.importorskip("tensorflow_datasets")
   pytest.importorskip("array_record")
-  from helpsteer_jax.data import tfds_helpsteer2
+  from helpsteer_jax.data.formats import tfds_helpsteer2
   src = demo.write_demo_dataset(tmp_path / "src", num_train=25, num_validation=6)
   builder = tfds_helpsteer2.build_tfds_helpsteer2(src, tmp_path / "tfds")
   assert "tensorflow" not in sys.modules
@@ -355,7 +356,6 @@ def test_tfds_is_a_data_format_of_the_tasks(tmp_path):
   """data.format="tfds" builds the array_record dataset once, then reads it."""
   pytest.importorskip("tensorflow_datasets")
   from helpsteer_jax import config_base
-  from helpsteer_jax.data.sources import load_conversations
   src = demo.write_demo_dataset(tmp_path / "src", num_train=12, num_validation=4)
   config = config_base.base_config("acsft")
   config.data = config_base.data_config(format="tfds", tfds_source_dir=str(src))
@@ -368,7 +368,7 @@ def test_tfds_is_a_data_format_of_the_tasks(tmp_path):
 
 def test_tfds_builder_refuses_bad_rows(tmp_path):
   pytest.importorskip("tensorflow_datasets")
-  from helpsteer_jax.data import tfds_helpsteer2
+  from helpsteer_jax.data.formats import tfds_helpsteer2
   src = tmp_path / "src"
   src.mkdir()
   write_jsonl(src / "train.jsonl.gz", [row(), row(helpfulness=8)])

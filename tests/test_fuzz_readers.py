@@ -11,7 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpsteer_jax.data import pairs, preference, readers
+from helpsteer_jax.data.formats import helpsteer as readers
+from helpsteer_jax.data.formats import helpsteer_2d as pairs
+from helpsteer_jax.data.formats import preference
+from helpsteer_jax.data.formats.rows import BadRecordReport
+from helpsteer_jax.data.records import HELPSTEER_ATTRIBUTES
 from helpsteer_jax.errors import DataError
 
 FUZZ = settings(max_examples=40, deadline=None,
@@ -37,8 +41,8 @@ def _row(keys, good):
 
 _text = st.one_of(st.text(min_size=1, max_size=40), st.just("Hi <extra_id_1>User\nthere"))
 _score = st.one_of(st.integers(0, 4), st.floats(0, 4), st.just(float("nan")))
-HELPSTEER = _row(readers.HELPSTEER_ATTRIBUTES + ("prompt", "response"),
-                 {**{k: _score for k in readers.HELPSTEER_ATTRIBUTES},
+HELPSTEER = _row(HELPSTEER_ATTRIBUTES + ("prompt", "response"),
+                 {**{k: _score for k in HELPSTEER_ATTRIBUTES},
                   "prompt": _text, "response": _text})
 _turn = st.fixed_dictionaries({"from": st.one_of(st.sampled_from(["User", "Assistant"]), _values),
                                "value": st.one_of(_text, _values)},
@@ -82,7 +86,7 @@ def _check(read, path, nonblank):
     read(path, "error", None)
   except DataError as e:
     assert str(path) in str(e)
-  report = readers.BadRecordReport()
+  report = BadRecordReport()
   try:
     kept = read(path, "skip", report)
   except DataError as e:  # only whole-file damage (truncated gzip, bad CSV) stops skip mode
@@ -143,7 +147,7 @@ def test_helpsteer_parquet_with_wrong_types_parses_or_names_row(tmp_path):
   @given(st.lists(st.fixed_dictionaries({
       "prompt": st.one_of(st.none(), st.text(max_size=20)),
       "response": st.one_of(st.none(), st.text(max_size=20)),
-      **{k: st.one_of(st.none(), st.integers(-3, 7)) for k in readers.HELPSTEER_ATTRIBUTES}}),
+      **{k: st.one_of(st.none(), st.integers(-3, 7)) for k in HELPSTEER_ATTRIBUTES}}),
       min_size=1, max_size=5))
   def check(rows):
     path = tmp_path / "data.parquet"
@@ -184,6 +188,6 @@ def test_control_character_line_is_a_counted_bad_record(tmp_path):
   path.write_text("\x1f\n  \n", encoding="utf-8")
   with pytest.raises(DataError, match=r"data\.jsonl:1"):
     readers.read_helpsteer(path, on_bad_record="error")
-  report = readers.BadRecordReport()
+  report = BadRecordReport()
   assert readers.read_helpsteer(path, on_bad_record="skip", report=report) == []
   assert report.total == 1

@@ -13,7 +13,8 @@ import pytest
 from flax import nnx
 
 from helpsteer_jax import config_base, sharding
-from helpsteer_jax.data import demo, demo_tokenizer, template
+from helpsteer_jax.data import demo, template
+from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError, DataError
 from helpsteer_jax.inference import best_of_n, chat, decode, generator, loading, steering
@@ -252,6 +253,7 @@ def test_chat_keeps_history_and_changes_attributes():
 def test_loads_params_from_a_training_checkpoint(tmp_path):
   import optax
   from helpsteer_jax.data import pipeline
+  from helpsteer_jax.data.features.next_token import next_token_features
   from helpsteer_jax.train import checkpoint as ckpt_lib
   from helpsteer_jax.train import state as state_lib
   config = _task_config()
@@ -263,7 +265,7 @@ def test_loads_params_from_a_training_checkpoint(tmp_path):
   want = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model)))
   parts = state_lib.split_model(model, rt_mesh, sharding.DEFAULT_RULES)  # donated below
   state, _ = state_lib.create_train_state(optax.adam(1e-3), parts, rt_mesh, seed=0)
-  features = [pipeline.next_token_features(np.arange(3, 12), np.ones(9, bool))] * 4
+  features = [next_token_features(np.arange(3, 12), np.ones(9, bool))] * 4
   data = iter(pipeline.training_dataset(features, pipeline.PipelineConfig(seq_len=16, rows=2)))
   ckpt = ckpt_lib.Checkpointer(tmp_path / "run" / "checkpoints", save_every=1, keep=2)
   ckpt.save(3, state, data, force=True)

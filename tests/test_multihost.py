@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from cli_utils import run_main
-from helpsteer_jax.data import demo, demo_tokenizer
+from helpsteer_jax.data import demo
+from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from multiprocess import run_group
 
 _RUN = ("--config=configs/acsft.py", "--config.model.hidden_size=64",

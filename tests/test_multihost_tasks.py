@@ -25,7 +25,8 @@ import pytest
 from cli_utils import run_main
 from conftest import REPO_ROOT
 from helpsteer_jax import reward_runtime
-from helpsteer_jax.data import demo, demo_tokenizer
+from helpsteer_jax.data import demo
+from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from multiprocess import Group
 
 pytestmark = pytest.mark.multihost

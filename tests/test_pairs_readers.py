@@ -7,8 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from helpsteer_jax.data import demo_2d, pairs
-from helpsteer_jax.data.readers import BadRecordReport
+from helpsteer_jax.data.demo import pairs_2d as demo_2d
+from helpsteer_jax.data.formats import helpsteer_2d as pairs
+from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.errors import ConfigError, DataError
 
 GOOD = demo_2d.demo_pairs(1, seed=0)[0]

@@ -5,9 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from helpsteer_jax.data import demo, pipeline, preference, readers, records
-from helpsteer_jax.data import rm as rm_data
-from helpsteer_jax.data.demo_tokenizer import build_demo_tokenizer
+from helpsteer_jax.data import demo, formats, pipeline, records
+from helpsteer_jax.data.demo.tokenizer import build_demo_tokenizer
+from helpsteer_jax.data.features import rm as rm_data
+from helpsteer_jax.data.formats import preference
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.data.template import DEFAULT_SYSTEM, regression_text
 from helpsteer_jax.errors import DataError
@@ -62,7 +63,7 @@ def test_bad_preference_rows_name_file_and_line(tmp_path, bad, reason):
   path = write(tmp_path / "p.jsonl", [pref(), bad, pref()])
   with pytest.raises(DataError, match=f"p.jsonl:2: .*{reason}"):
     preference.read_helpsteer2_preference(path)
-  report = readers.BadRecordReport()
+  report = formats.BadRecordReport()
   pairs = preference.read_helpsteer2_preference(path, on_bad_record="skip", report=report)
   assert len(pairs) == 2 and report.total == 1 and f"{path}:2" in report.summary()
 
@@ -73,7 +74,7 @@ def test_a_label_score_outside_0_4_is_a_bad_row(tmp_path):
                                        "label": "helpfulness:5"}]}
   path = write(tmp_path / "c.jsonl", [conv])
   with pytest.raises(DataError, match="c.jsonl:1: .*outside 0..4"):
-    readers.read_records(path)
+    formats.read_records(path)
 
 
 def test_rewardbench_rows_and_bad_rows(tmp_path):
@@ -88,7 +89,7 @@ def test_rewardbench_rows_and_bad_rows(tmp_path):
 
 
 def test_regression_features_end_in_label_start_and_pack(tokenizer, tmp_path):
-  convs = readers.read_records(demo.write_demo_dataset(tmp_path, 12, 2))
+  convs = formats.read_records(demo.write_demo_dataset(tmp_path, 12, 2))
   feats, report = rm_data.regression_features(convs, tokenizer, seq_len=128)
   assert report.kept == 12 and report.loss_tokens == 60
   label_start = tokenizer.convert_tokens_to_ids("<extra_id_2>")
@@ -111,8 +112,8 @@ def test_regression_features_end_in_label_start_and_pack(tokenizer, tmp_path):
 def test_pair_features_are_two_segments_in_one_padded_row(tokenizer, tmp_path):
   pairs = preference.read_helpsteer2_preference(write(tmp_path / "p.jsonl", [
       pref(), pref(preference_strength=0), pref(preference_strength=1)]))
-  feats, report = rm_data.pair_features(pairs, tokenizer, seq_len=128)
-  assert report.kept == 2 and report.no_loss == 1  # the tie is not trained on
+  feats, report = rm_data.bt_features(pairs, tokenizer, seq_len=128)
+  assert report.kept == 2 and report.dropped["tie"] == 1  # the tie is not trained on
   f = feats[1]
   n_c = int(np.sum(f["segment_ids"] == 1))
   assert f["pair"][n_c - 1] == records.CHOSEN and f["pair"][-1] == records.REJECTED

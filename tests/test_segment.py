@@ -3,7 +3,11 @@
 import numpy as np
 import pytest
 
-from helpsteer_jax.data import demo_2d, demo_tokenizer, pair_rows, pairs, segment
+from helpsteer_jax.data import segment
+from helpsteer_jax.data.demo import pairs_2d as demo_2d
+from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
+from helpsteer_jax.data.features import pair_rows
+from helpsteer_jax.data.formats import helpsteer_2d as pairs
 from helpsteer_jax.models import hf
 
 
@@ -45,7 +49,7 @@ def _pair(prompt, chosen, rejected, aspects=1):
   def resp(text):
     segs = tuple(segment.segment_texts(text))
     return pairs.ScoredResponse(text, segs, np.full((len(segs), aspects), 2.0, np.float32))
-  return pairs.PreferencePair(prompt, resp(chosen), resp(rejected))
+  return pairs.ScoredPair(prompt, resp(chosen), resp(rejected))
 
 
 @pytest.fixture(scope="module", params=["sentencepiece", "demo_bpe"])
@@ -95,7 +99,7 @@ def test_long_prompt_is_truncated_left_and_segments_survive(tokenizer):
   too_long = _pair("q", "x " * 200, "y")
   features, report = pair_rows.pair_features([too_long], tokenizer, seq_len=64, max_segments=4,
                                               score_max=4.0)
-  assert features == [] and report.too_long == 1
+  assert features == [] and report.dropped["too_long"] == 1
   features, report = pair_rows.pair_features([_pair("q", "One. Two. Three. Four. Five.", "y")], tokenizer,
                                               seq_len=64, max_segments=4, score_max=4.0)
-  assert features == [] and report.too_many_segments == 1
+  assert features == [] and report.dropped["too_many_segments"] == 1

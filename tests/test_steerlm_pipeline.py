@@ -11,7 +11,7 @@ import pytest
 
 from conftest import REPO_ROOT
 from helpsteer_jax import reward_runtime, runtime
-from helpsteer_jax.data import readers
+from helpsteer_jax.data.formats import helpsteer as readers
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.data.template import parse_label_string
 from helpsteer_jax.errors import ConfigError

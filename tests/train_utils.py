@@ -5,7 +5,7 @@ import functools
 import numpy as np
 
 from helpsteer_jax import config_base, runtime
-from helpsteer_jax.data import pipeline
+from helpsteer_jax.data.features.next_token import next_token_features
 from helpsteer_jax.losses.sft import sft_loss
 from helpsteer_jax.train import loop
 from helpsteer_jax.train import state as state_lib
@@ -36,7 +36,7 @@ def synthetic_features(n=64, seed=0, vocab=1024, repeat_of=None):
     ids = rng.randint(3, vocab, length)
     mask = np.zeros(length, bool)
     mask[length // 2:] = True
-    out.append(pipeline.next_token_features(ids, mask))
+    out.append(next_token_features(ids, mask))
   return out
 
 

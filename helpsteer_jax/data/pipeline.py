@@ -26,13 +26,6 @@ FEATURES = ("inputs", "targets", "weights")
 BATCH_KEYS = ("inputs", "targets", "weights", "segment_ids", "positions")
 
 
-def next_token_features(ids: np.ndarray, loss_mask: np.ndarray) -> dict[str, np.ndarray]:
-  """inputs = ids[:-1], targets = ids[1:], weights = loss flags of the targets."""
-  ids = np.asarray(ids, np.int32)
-  return {"inputs": ids[:-1], "targets": ids[1:],
-          "weights": np.asarray(loss_mask[1:], np.float32)}
-
-
 def _pad_row(features: dict[str, np.ndarray], seq_len: int) -> dict[str, np.ndarray]:
   """One example per row, right-padded. An example may bring its own
   `segment_ids` / `positions` (several sequences in one row, e.g. a

@@ -11,8 +11,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from helpsteer_jax.data import rm as rm_data
-from helpsteer_jax.data.preference import PreferencePair
+from helpsteer_jax.data.features import rm as rm_data
+from helpsteer_jax.data.formats.preference import PreferencePair
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation
 from helpsteer_jax.eval import rm_metrics
 from helpsteer_jax.inference.scoring import Scorer

@@ -8,7 +8,7 @@ predictions; the default weights are HelpSteer2's (helpfulness 0.65,
 correctness 0.8, coherence 0.45, complexity 0.55, verbosity -0.4).
 
 `config.best_of_n.scorer` names the scorer: `demo_rules` (the demo data's
-own rules, `data.demo.rule_scores`) or `package.module:factory`, a function
+own rules, `data.demo.rows.rule_scores`) or `package.module:factory`, a function
 called with `config.best_of_n.scorer_path` that returns a scorer (how a
 trained attribute model plugs in). With several processes, each scores its
 contiguous share of the candidates and the scores are gathered.
@@ -23,7 +23,8 @@ from typing import Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from helpsteer_jax import multihost
-from helpsteer_jax.data import demo, template
+from helpsteer_jax.data import template
+from helpsteer_jax.data.demo import rows as demo_rows
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import steering
@@ -69,7 +70,7 @@ class DemoRuleScorer:
   def __call__(self, texts: Sequence[str]) -> np.ndarray:
     rows = []
     for text in texts:
-      scores = demo.rule_scores(*_last_exchange(text))
+      scores = demo_rows.rule_scores(*_last_exchange(text))
       rows.append([scores.get(name, 0) for name in ATTRIBUTES])
     return np.asarray(rows, np.float32).reshape(len(texts), len(ATTRIBUTES))
 

@@ -20,7 +20,7 @@ from typing import Any, Iterator, Mapping, TextIO
 import ml_collections
 
 from helpsteer_jax.data import template
-from helpsteer_jax.data.readers import iter_json_lines
+from helpsteer_jax.data.formats.rows import iter_json_lines
 from helpsteer_jax.data.records import ATTRIBUTES, HELPSTEER_ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.errors import ConfigError, DataError
 

@@ -19,9 +19,11 @@ from absl import logging
 from flax import nnx
 
 from helpsteer_jax import runtime
-from helpsteer_jax.data import demo, pipeline, readers
-from helpsteer_jax.data.sources import load_conversations
-from helpsteer_jax.data.sft import sft_features
+from helpsteer_jax.data import pipeline
+from helpsteer_jax.data.demo import rows as demo_rows
+from helpsteer_jax.data.features.next_token import sft_features
+from helpsteer_jax.data.formats.helpsteer import load_conversations
+from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.losses.sft import sft_loss
 from helpsteer_jax.models import hf
 from helpsteer_jax.models.llama import Llama
@@ -34,7 +36,7 @@ def resolve_data_paths(config: ml_collections.ConfigDict, workdir: pathlib.Path)
   data = config.data
   if not data.train_path:
     demo_dir = runtime.write_once(workdir / "demo_data", "validation.jsonl.gz", lambda d: (
-        demo.write_demo_dataset(d, data.demo_train_rows, data.demo_validation_rows)))
+        demo_rows.write_demo_dataset(d, data.demo_train_rows, data.demo_validation_rows)))
     return str(demo_dir), str(demo_dir)
   return data.train_path, data.validation_path
 
@@ -68,7 +70,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   seq_len = config.train.seq_len
   make = functools.partial(sft_features, tokenizer=tokenizer, seq_len=seq_len,
                            truncation=config.data.truncation, add_bos=config.data.add_bos)
-  bad_records = readers.BadRecordReport()
+  bad_records = BadRecordReport()
   train_features, train_report = make(load_conversations(train_src, "train", config, bad_records))
   fill = pipeline.packing_efficiency(train_features, seq_len, config.data.packing)
   logging.info("train data: %s; packing efficiency %.1f%%", train_report.summary(), 100 * fill)
@@ -95,7 +97,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   trainer.close()
   summary = {"status": result.status, "step": result.step, "train": result.last_metrics,
              "eval": result.eval_metrics,
-             "data": {"train": vars(train_report), "packing_efficiency": fill,
+             "data": {"train": train_report.as_dict(), "packing_efficiency": fill,
                       "bad_records": bad_records.counts}}
   if jax.process_index() != 0:
     return summary

@@ -25,7 +25,8 @@ import jax
 import ml_collections
 
 from helpsteer_jax import multihost, resume, reward_runtime, runtime
-from helpsteer_jax.data import readers
+from helpsteer_jax.data.formats import helpsteer
+from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.data.template import label_string
 from helpsteer_jax.errors import ConfigError
@@ -114,8 +115,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   runtime.check_workdir(workdir)
   tokenizer = hf.load_tokenizer(runtime.tokenizer_dir(config, workdir))
   source = config.data.input_path or acsft.resolve_data_paths(config, workdir)[0]
-  report = readers.BadRecordReport()
-  convs = readers.read_records(source, split=config.data.input_split, fmt=config.data.format,
+  report = BadRecordReport()
+  convs = helpsteer.read_records(source, split=config.data.input_split, fmt=config.data.format,
                                on_bad_record=config.data.on_bad_record, report=report)
   if config.data.max_rows:
     convs = convs[:config.data.max_rows]

@@ -21,10 +21,12 @@ from absl import logging
 from flax import nnx
 
 from helpsteer_jax import reward_runtime, runtime
-from helpsteer_jax.data import demo, preference
-from helpsteer_jax.data import rm as rm_data
+from helpsteer_jax.data.demo import rows as demo_rows
+from helpsteer_jax.data.features import rm as rm_data
+from helpsteer_jax.data.formats import preference
+from helpsteer_jax.data.formats.helpsteer import load_conversations
+from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.records import ATTRIBUTES, IGNORE_LABEL
-from helpsteer_jax.data.sources import load_conversations
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.eval import rm_eval, rm_report
 from helpsteer_jax.inference.scoring import Scorer
@@ -63,13 +65,13 @@ def _pair_sources(config, workdir: pathlib.Path) -> tuple[str, str]:
   demo_dir = workdir / "demo_data"
   path = demo_dir / "preference" / "preference.jsonl.gz"
   if jax.process_index() == 0 and not path.exists():
-    demo.write_demo_preference(demo_dir, data.demo_train_rows, data.demo_validation_rows)
+    demo_rows.write_demo_preference(demo_dir, data.demo_train_rows, data.demo_validation_rows)
   runtime.sync("demo_preference")
   return str(demo_dir), str(demo_dir)
 
 
 def _read_pairs(source: str, split: str, config) -> list[preference.PreferencePair]:
-  report = preference.BadRecordReport()
+  report = BadRecordReport()
   pairs = preference.read_helpsteer2_preference(source, split, config.data.on_bad_record, report)
   if report.total:
     logging.warning("%s (%s): %s", source, split, report.summary())
@@ -87,7 +89,7 @@ def load_data(config, workdir: pathlib.Path, tokenizer) -> tuple[list, list, lis
     val_records = read(val_src, data.validation_split) if val_src else []
   else:
     train_src, val_src = _pair_sources(config, workdir)
-    make = rm_data.pair_features
+    make = rm_data.bt_features
     train_records = _read_pairs(train_src, "train", config)
     val_records = _read_pairs(val_src, data.validation_split, config) if val_src else []
   featurize = functools.partial(make, tokenizer=tokenizer, seq_len=seq_len,
@@ -96,8 +98,8 @@ def load_data(config, workdir: pathlib.Path, tokenizer) -> tuple[list, list, lis
   eval_features, val_report = featurize(val_records)
   logging.info("train data: %s", train_report.summary())
   logging.info("validation data: %s", val_report.summary())
-  return train_features, eval_features, val_records, {"train": vars(train_report),
-                                                      "validation": vars(val_report)}
+  return train_features, eval_features, val_records, {"train": train_report.as_dict(),
+                                                      "validation": val_report.as_dict()}
 
 
 def final_evaluation(config, model, rt, tokenizer, val_records) -> tuple[dict, str]:

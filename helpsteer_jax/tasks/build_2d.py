@@ -27,9 +27,11 @@ import numpy as np
 from absl import logging
 
 from helpsteer_jax import reward_runtime, runtime
-from helpsteer_jax.data import build_2d, demo_2d, pairs
-from helpsteer_jax.data import rm as rm_data
-from helpsteer_jax.data.readers import BadRecordReport
+from helpsteer_jax.data.demo import pairs_2d
+from helpsteer_jax.data.features import rm as rm_data
+from helpsteer_jax.data.formats import helpsteer_2d
+from helpsteer_jax.data.formats.rows import BadRecordReport
+from helpsteer_jax.inference import segment_scores as build_2d
 from helpsteer_jax.data.records import ATTRIBUTES, HELPSTEER_ATTRIBUTES, Conversation
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.eval import rm_eval
@@ -84,10 +86,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   source = config.data.input_path
   if not source:
     demo_dir = runtime.write_once(workdir / "demo_2d", "validation.jsonl", lambda d: (
-        demo_2d.write_demo_2d(d, config.data.demo_rows, 0)))
+        pairs_2d.write_demo_2d(d, config.data.demo_rows, 0)))
     source = str(demo_dir / "train.jsonl")
   report = BadRecordReport()
-  plain = pairs.read_plain_pairs(source, config.data.split, config.data.on_bad_record, report)
+  plain = helpsteer_2d.read_plain_pairs(source, config.data.split, config.data.on_bad_record, report)
   if config.data.max_pairs:
     plain = plain[:config.data.max_pairs]
   if not plain:
@@ -102,7 +104,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
              "unscored_pairs": len(plain) - len(built), "skipped_rows": report.total}
   if jax.process_index() == 0:
     out.parent.mkdir(parents=True, exist_ok=True)
-    pairs.write_2d(out, built, HELPSTEER_ATTRIBUTES)
+    helpsteer_2d.write_2d(out, built, HELPSTEER_ATTRIBUTES)
     (workdir / "build_2d.json").write_text(json.dumps(summary, indent=2))
     print(f"build_2d: wrote {len(built)} pairs to {out}")
   return summary

@@ -22,8 +22,10 @@ from absl import logging
 from flax import nnx
 
 from helpsteer_jax import runtime
-from helpsteer_jax.data import demo_2d, pair_rows, pairs
-from helpsteer_jax.data.readers import BadRecordReport
+from helpsteer_jax.data.demo import pairs_2d
+from helpsteer_jax.data.features import pair_rows
+from helpsteer_jax.data.formats import helpsteer_2d
+from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.losses import dpo2d
 from helpsteer_jax.losses.pair_logprobs import preference_loss
@@ -41,7 +43,7 @@ def loss_config(config: ml_collections.ConfigDict, csv: bool) -> dpo2d.Preferenc
   lc = config.loss
   aspects, weights = tuple(lc.aspects), tuple(float(w) for w in lc.aspect_weights)
   if csv:  # one aggregated score per segment
-    aspects, weights = pairs.CSV_ASPECTS, (1.0,)
+    aspects, weights = helpsteer_2d.CSV_ASPECTS, (1.0,)
   problems = []
   if lc.loss_type not in dpo2d.LOSS_TYPES:
     problems.append(f"loss.loss_type={lc.loss_type!r}: choose one of {dpo2d.LOSS_TYPES}")
@@ -69,7 +71,7 @@ def resolve_data_paths(config: ml_collections.ConfigDict, workdir: pathlib.Path)
   data = config.data
   if not data.train_path:
     demo_dir = runtime.write_once(workdir / "demo_2d", "validation.jsonl", lambda d: (
-        demo_2d.write_demo_2d(d, data.demo_train_pairs, data.demo_validation_pairs)))
+        pairs_2d.write_demo_2d(d, data.demo_train_pairs, data.demo_validation_pairs)))
     return str(demo_dir / "train.jsonl"), str(demo_dir / "validation.jsonl")
   return data.train_path, data.validation_path
 
@@ -77,7 +79,7 @@ def resolve_data_paths(config: ml_collections.ConfigDict, workdir: pathlib.Path)
 def load_features(path: str, config, cfg: dpo2d.PreferenceLossConfig, tokenizer) -> list:
   data = config.data
   report = BadRecordReport()
-  rows = pairs.read_2d(path, cfg.aspects, data.score_max, data.on_bad_record, report)
+  rows = helpsteer_2d.read_2d(path, cfg.aspects, data.score_max, data.on_bad_record, report)
   if report.total:
     logging.warning("%s: %s", path, report.summary())
   features, tok_report = pair_rows.pair_features(

@@ -22,7 +22,8 @@ import ml_collections
 from absl import logging
 
 from helpsteer_jax import multihost, reward_runtime, runtime
-from helpsteer_jax.data import preference, readers
+from helpsteer_jax.data.formats import helpsteer, preference
+from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.eval import rm_eval, rm_report
@@ -31,7 +32,7 @@ from helpsteer_jax.tasks import acsft
 from helpsteer_jax.train import metrics as metrics_lib
 
 
-def _warn(report: readers.BadRecordReport, what: str) -> int:
+def _warn(report: BadRecordReport, what: str) -> int:
   if report.total:
     logging.warning("%s: %s", what, report.summary())
   return report.total
@@ -44,8 +45,8 @@ def _sources(config, workdir: pathlib.Path) -> tuple[str, str, str]:
     validation = acsft.resolve_data_paths(config, workdir)[1]
     demo_dir = pathlib.Path(validation)
     if jax.process_index() == 0 and not (demo_dir / "preference").exists():
-      from helpsteer_jax.data import demo
-      demo.write_demo_preference(demo_dir, data.demo_train_rows, data.demo_validation_rows)
+      from helpsteer_jax.data.demo import rows as demo_rows
+      demo_rows.write_demo_preference(demo_dir, data.demo_train_rows, data.demo_validation_rows)
     runtime.sync("demo_preference")
     pairs = validation
   return validation, pairs, data.rewardbench_path
@@ -63,10 +64,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   tokenizer = hf.load_tokenizer(runtime.tokenizer_dir(config, workdir))
   data = config.data
   validation, pairs_path, rewardbench_path = _sources(config, workdir)
-  bad = readers.BadRecordReport()
+  bad = BadRecordReport()
   sets = {}
   if validation:
-    sets["attributes"] = readers.read_records(validation, data.validation_split, data.format,
+    sets["attributes"] = helpsteer.read_records(validation, data.validation_split, data.format,
                                               data.on_bad_record, bad)
   if pairs_path:
     sets["helpsteer2_preference"] = preference.read_helpsteer2_preference(

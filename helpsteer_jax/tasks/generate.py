@@ -25,7 +25,7 @@ import ml_collections
 from absl import logging
 
 from helpsteer_jax import multihost, resume, runtime
-from helpsteer_jax.data import demo
+from helpsteer_jax.data.demo import rows as demo_rows
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import best_of_n as best_of_n_lib
 from helpsteer_jax.inference import chat as chat_lib
@@ -48,7 +48,7 @@ def read_input(config: ml_collections.ConfigDict, attributes: dict[str, int]) ->
   """Requests from `config.input`, or the 50 held-out demo prompts when it is empty."""
   if config.input:
     return steering.read_requests(config.input, attributes, config.system)
-  return [steering.make_request(p, attributes, config.system) for p in demo.heldout_prompts()]
+  return [steering.make_request(p, attributes, config.system) for p in demo_rows.heldout_prompts()]
 
 
 def build_generator(config: ml_collections.ConfigDict, rt: runtime.Runtime,

@@ -224,10 +224,11 @@ def corpus(num_rows: int = 3000, seed: int = 0) -> Iterator[str]:
   """Texts for training the demo tokenizer: rows as the SteerLM template renders
   them (system prompt, turn markers and label strings included), so the
   template costs few tokens."""
-  from helpsteer_jax.data import readers, template
+  from helpsteer_jax.data import template
+  from helpsteer_jax.data.formats.helpsteer import helpsteer_conversation
   for row in demo_rows(num_rows, seed):
     scores = {k: row[k] for k in HELPSTEER_ATTRIBUTES}
-    conv = readers.helpsteer_conversation(row["prompt"], row["response"], scores)
+    conv = helpsteer_conversation(row["prompt"], row["response"], scores)
     yield template.sft_text(conv)
 
 

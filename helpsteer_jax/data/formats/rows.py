@@ -1,4 +1,4 @@
-"""Readers: HelpSteer / HelpSteer2 rows and NeMo SteerLM conversations.
+"""File rows and bad-row handling shared by every reader in `data.formats`.
 
 A source is a file (`.jsonl`, `.jsonl.gz`, `.parquet`), a directory holding
 `{split}.jsonl.gz`, `{split}.jsonl` or `{split}.parquet` (HelpSteer and
@@ -10,17 +10,11 @@ are skipped and counted by reason in a `BadRecordReport` ("skip"; a warning
 with the summary is logged too, so none is dropped silently). Line numbers
 are 1-based; for parquet files and hub datasets they are row numbers
 (row index + 1), and messages say "row N".
-
-Scores must be ints in 0..4: HelpSteer and HelpSteer2 ship JSON integers
-(int64 columns in parquet), so a float such as 3.0 means the file was
-produced by something else and is rejected rather than guessed at; bool is
-not an integer either.
 """
 
 from __future__ import annotations
 
 import gzip
-import itertools
 import json
 import logging
 import os
@@ -28,18 +22,11 @@ import re
 import zlib
 from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
 
-import numpy as np
-
-from helpsteer_jax.data.records import (
-    HELPSTEER_ATTRIBUTES, MAX_SCORE, MIN_SCORE, ROLES, Conversation, Turn)
-from helpsteer_jax.data.template import (
-    DEFAULT_SYSTEM, label_string, parse_label_string, split_helpsteer_prompt)
 from helpsteer_jax.errors import ConfigError, DataError, HelpsteerError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 BAD_RECORD_MODES = ("error", "skip")
-FORMATS = ("auto", "helpsteer", "steerlm")
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
 
@@ -197,14 +184,16 @@ def iter_rows(kind: str, location: str, split: str = "train") -> Iterator[tuple[
 # ---------------------------------------------------------------- validation
 
 
-def _present(row: Mapping, name: str, what: str = "field") -> Any:
+def required(row: Mapping, name: str, what: str = "field") -> Any:
+  """`row[name]`, or BadRecord when it is missing or null."""
   if row.get(name) is None:
     raise BadRecord(f"missing {what} '{name}'")
   return row[name]
 
 
-def _text(row: Mapping, name: str) -> str:
-  value = _present(row, name)
+def required_text(row: Mapping, name: str) -> str:
+  """A non-empty string field, or BadRecord."""
+  value = required(row, name)
   if not isinstance(value, str):
     raise BadRecord(f"wrong type for '{name}'", f"expected a string, got {type(value).__name__}")
   if not value.strip():
@@ -212,90 +201,7 @@ def _text(row: Mapping, name: str) -> str:
   return value
 
 
-def _score(row: Mapping, name: str) -> int:
-  value = _present(row, name)
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-    raise BadRecord("score not an integer", f"{name}={value!r}")
-  if not MIN_SCORE <= value <= MAX_SCORE:
-    raise BadRecord(f"score outside {MIN_SCORE}..{MAX_SCORE}", f"{name}={value}")
-  return int(value)
-
-
-def helpsteer_fields(row: Mapping) -> tuple[str, str, dict[str, int]]:
-  """(prompt, response, scores) of a HelpSteer / HelpSteer2 row, or BadRecord."""
-  if not isinstance(row, Mapping):
-    raise BadRecord("not a JSON object", type(row).__name__)
-  prompt, response = _text(row, "prompt"), _text(row, "response")
-  return prompt, response, {name: _score(row, name) for name in HELPSTEER_ATTRIBUTES}
-
-
-def helpsteer_conversation(prompt: str, response: str, scores: Mapping[str, int],
-                           source: str = "") -> Conversation:
-  """A HelpSteer row as a conversation: the prompt's turns, then the labelled response."""
-  scores = {name: scores[name] for name in HELPSTEER_ATTRIBUTES if name in scores}
-  turns = (*split_helpsteer_prompt(prompt), Turn("Assistant", response, label_string(scores)))
-  return Conversation(system=DEFAULT_SYSTEM, turns=tuple(turns), mask_role="User",
-                      attributes=scores, source=source)
-
-
-def _helpsteer_row(row: Mapping, where: str) -> Conversation:
-  return helpsteer_conversation(*helpsteer_fields(row), source=where)
-
-
-def _steerlm_turn(turn: Any, j: int) -> Turn:
-  if not isinstance(turn, Mapping):
-    raise BadRecord("turn is not an object", f"turn {j}: {type(turn).__name__}")
-  for key in ("from", "value"):
-    if turn.get(key) is None:
-      raise BadRecord(f"turn without '{key}'", f"turn {j}")
-  role, value, label = turn["from"], turn["value"], turn.get("label")
-  if role not in ROLES:
-    raise BadRecord("unknown role", f"turn {j}: 'from' is {role!r}, expected User or Assistant")
-  if not isinstance(value, str):
-    raise BadRecord("wrong type for 'value'", f"turn {j}: {type(value).__name__}")
-  if not value.strip():
-    raise BadRecord("empty value", f"turn {j}: empty or whitespace only")
-  if label is not None:
-    if not isinstance(label, str):
-      raise BadRecord("wrong type for 'label'", f"turn {j}: {type(label).__name__}")
-    try:
-      parse_label_string(label)
-    except ValueError as e:
-      raise BadRecord("invalid label", f"turn {j}: {e}") from None
-  return Turn(role, value, label)
-
-
-def _steerlm_row(row: Mapping, where: str) -> Conversation:
-  if not isinstance(row, Mapping):
-    raise BadRecord("not a JSON object", type(row).__name__)
-  convs = _present(row, "conversations")
-  if not isinstance(convs, list):
-    raise BadRecord("wrong type for 'conversations'",
-                    f"expected a list, got {type(convs).__name__}")
-  if not convs:
-    raise BadRecord("empty conversations")
-  system = _present(row, "system")
-  if not isinstance(system, str):
-    raise BadRecord("wrong type for 'system'", f"expected a string, got {type(system).__name__}")
-  mask = row.get("mask") or "User"
-  if mask not in ROLES:
-    raise BadRecord("invalid mask", f"'mask' is {mask!r}, expected User or Assistant")
-  if row.get("type") not in (None, "VALUE_TO_TEXT"):
-    raise BadRecord("unsupported type",
-                    f"'type' is {row['type']!r}; only VALUE_TO_TEXT is supported")
-  turns = tuple(_steerlm_turn(t, j) for j, t in enumerate(convs, 1))
-  last = turns[-1]
-  attributes = None
-  if last.role != mask and last.label:
-    attributes = parse_label_string(last.label) or None
-  return Conversation(system=system, turns=turns, mask_role=mask, attributes=attributes,
-                      source=where)
-
-
-_CONVERTERS = {"helpsteer": _helpsteer_row, "steerlm": _steerlm_row}
-
-
-# ---------------------------------------------------------------- reading
+# ---------------------------------------------------------------- checking rows
 
 
 def check_on_bad_record(on_bad_record: str):
@@ -336,58 +242,3 @@ def iter_checked_rows(rows: Iterable[tuple[int, Any]], location: str,
     log.warning("%s: %s", location, local.summary())
     if report is not None:
       report.merge(local)
-
-
-def _sniff(rows: Iterator[tuple[int, Any]]) -> tuple[str, Iterator[tuple[int, Any]]]:
-  """The format of the first row that tells (default helpsteer), with the rows intact."""
-  seen = []
-  fmt = "helpsteer"
-  for item in rows:
-    seen.append(item)
-    row = item[1]
-    if isinstance(row, Mapping) and "conversations" in row:
-      fmt = "steerlm"
-      break
-    if isinstance(row, Mapping) and ("prompt" in row or "response" in row):
-      break
-  return fmt, itertools.chain(seen, rows)
-
-
-def read_records(source: str | os.PathLike, split: str = "train", fmt: str = "auto",
-                 on_bad_record: str = "error",
-                 report: BadRecordReport | None = None) -> list[Conversation]:
-  """Conversations from HelpSteer rows or SteerLM conversations.
-
-  `fmt` "auto" takes the format from the first row that has `conversations`
-  (SteerLM) or `prompt`/`response` (HelpSteer).
-  """
-  if fmt not in FORMATS:
-    raise ConfigError(f"unknown data format {fmt!r}; use one of {FORMATS}")
-  check_on_bad_record(on_bad_record)
-  kind, location = resolve_source(source, split)
-  rows = iter_rows(kind, location, split)
-  if fmt == "auto":
-    fmt, rows = _sniff(rows)
-  if kind == "hub":
-    location = f"{location} [{split}]"
-  checked = iter_checked_rows(rows, location, _CONVERTERS[fmt], on_bad_record, report,
-                              by_row=kind != "jsonl")
-  return [conv for _, conv in checked]
-
-
-def read_helpsteer(source: str | os.PathLike, split: str = "train",
-                   on_bad_record: str = "error",
-                   report: BadRecordReport | None = None) -> list[Conversation]:
-  """HelpSteer / HelpSteer2 rows (prompt, response, five 0..4 scores) as conversations."""
-  return read_records(source, split, "helpsteer", on_bad_record, report)
-
-
-def read_steerlm_conversations(source: str | os.PathLike, on_bad_record: str = "error",
-                               report: BadRecordReport | None = None, *,
-                               split: str = "train") -> list[Conversation]:
-  """NeMo SteerLM chat rows ({"system", "conversations", "mask", "type"}).
-
-  Labels are kept as given (validated by parsing); a missing or null label
-  stays None (annotation input).
-  """
-  return read_records(source, split, "steerlm", on_bad_record, report)

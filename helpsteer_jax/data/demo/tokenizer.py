@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pathlib
 
-from helpsteer_jax.data import demo
+from helpsteer_jax.data.demo import rows
 
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<extra_id_0>", "<extra_id_1>", "<extra_id_2>")
 DEFAULT_VOCAB_SIZE = 1024
@@ -31,7 +31,7 @@ def build_demo_tokenizer(out_dir: str | pathlib.Path,
   trainer = trainers.BpeTrainer(
       vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-  tok.train_from_iterator(demo.corpus(), trainer)
+  tok.train_from_iterator(rows.corpus(), trainer)
   fast = PreTrainedTokenizerFast(
       tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
       additional_special_tokens=list(SPECIAL_TOKENS[3:]))

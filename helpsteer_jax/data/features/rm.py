@@ -18,10 +18,11 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from helpsteer_jax.data import template, tokenize
-from helpsteer_jax.data.preference import PreferencePair
+from helpsteer_jax.data import template
+from helpsteer_jax.data.features import tokenize
+from helpsteer_jax.data.features.tokenize import FeatureReport
+from helpsteer_jax.data.formats.preference import PreferencePair
 from helpsteer_jax.data.records import ATTRIBUTES, CHOSEN, IGNORE_LABEL, REJECTED, Conversation
-from helpsteer_jax.data.sft import TokenizationReport
 
 
 def label_vector(attributes: Mapping[str, int] | None) -> np.ndarray:
@@ -59,26 +60,23 @@ class RegressionTokenizer:
 
 def regression_features(conversations: Sequence[Conversation], tokenizer, seq_len: int,
                         truncation: str = "truncate_left", add_bos: bool = True
-                        ) -> tuple[list[dict[str, np.ndarray]], TokenizationReport]:
+                        ) -> tuple[list[dict[str, np.ndarray]], FeatureReport]:
   """Labelled conversations -> regression examples; every drop is counted.
 
-  `no_loss` counts conversations without attributes; `loss_tokens` counts labels.
+  `loss_tokens` counts labels.
   """
-  report = TokenizationReport()
+  report = FeatureReport()
   features = []
   for conv in conversations:
     labels = label_vector(conv.attributes)
     if not (labels != IGNORE_LABEL).any():
-      report.no_loss += 1
+      report.drop("no_labels")
       continue
     ids, truncated = regression_ids(conv, tokenizer, seq_len, truncation, add_bos)
     if ids is None:
-      report.dropped += 1
+      report.drop("too_long")
       continue
-    report.truncated += int(truncated)
-    report.kept += 1
-    report.tokens += len(ids)
-    report.loss_tokens += int((labels != IGNORE_LABEL).sum())
+    report.keep(len(ids), (labels != IGNORE_LABEL).sum(), truncated)
     per_token = np.full((len(ids), len(ATTRIBUTES)), IGNORE_LABEL, np.float32)
     per_token[-1] = labels
     readout = np.zeros(len(ids), np.float32)
@@ -87,31 +85,28 @@ def regression_features(conversations: Sequence[Conversation], tokenizer, seq_le
   return features, report
 
 
-def pair_features(pairs: Sequence[PreferencePair], tokenizer, seq_len: int,
-                  truncation: str = "truncate_left", add_bos: bool = True
-                  ) -> tuple[list[dict[str, np.ndarray]], TokenizationReport]:
-  """Pairs -> one row each (chosen then rejected); ties are skipped (`no_loss`).
+def bt_features(pairs: Sequence[PreferencePair], tokenizer, seq_len: int,
+                truncation: str = "truncate_left", add_bos: bool = True
+                ) -> tuple[list[dict[str, np.ndarray]], FeatureReport]:
+  """Pairs -> one Bradley-Terry row each (chosen then rejected); ties are skipped.
 
   Each response gets at most seq_len // 2 tokens (left-truncated as in
   regression, or dropped with truncation="drop").
   """
-  report = TokenizationReport()
+  report = FeatureReport(unit="pairs")
   features = []
   for pair in pairs:
     if pair.strength == 0:
-      report.no_loss += 1
+      report.drop("tie")
       continue
     parts = [regression_ids(c, tokenizer, seq_len // 2, truncation, add_bos)
              for c in (pair.chosen, pair.rejected)]
     if any(ids is None for ids, _ in parts):
-      report.dropped += 1
+      report.drop("too_long")
       continue
-    report.truncated += int(any(t for _, t in parts))
-    report.kept += 1
     (chosen, _), (rejected, _) = parts
     n_c, n_r = len(chosen), len(rejected)
-    report.tokens += n_c + n_r
-    report.loss_tokens += 1
+    report.keep(n_c + n_r, 1, any(t for _, t in parts))
     marks = np.zeros(n_c + n_r, np.int32)
     marks[n_c - 1], marks[-1] = CHOSEN, REJECTED
     margin = np.zeros(n_c + n_r, np.float32)

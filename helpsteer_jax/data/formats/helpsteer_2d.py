@@ -20,7 +20,7 @@ HelpSteer2 preference rows (response_1, response_2, preference_strength <
 prompt, consecutive): the higher helpfulness is chosen, ties are skipped.
 
 Bad rows raise `DataError(file, line, why)` or are skipped and counted
-(`on_bad_record="skip"`), as in `data.readers`.
+(`on_bad_record="skip"`), as in `rows`.
 """
 
 from __future__ import annotations
@@ -35,8 +35,11 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from helpsteer_jax.data import readers, segment
-from helpsteer_jax.data.readers import BadRecord, BadRecordReport
+from helpsteer_jax.data import segment
+from helpsteer_jax.data.formats.helpsteer import helpsteer_fields
+from helpsteer_jax.data.formats.rows import (
+    BadRecord, BadRecordReport, iter_checked_rows, iter_json_lines, iter_rows, log, required,
+    required_text, resolve_source)
 from helpsteer_jax.errors import ConfigError, DataError
 
 ASPECTS_2D = ("helpfulness", "correctness", "safety", "completeness", "clarity")
@@ -54,7 +57,7 @@ class ScoredResponse:
 
 
 @dataclasses.dataclass(frozen=True)
-class PreferencePair:
+class ScoredPair:
   prompt: str
   chosen: ScoredResponse
   rejected: ScoredResponse
@@ -79,8 +82,8 @@ def _number(value: Any, what: str, score_max: float) -> float:
 
 def _segments_2d(row: Mapping, side: str, aspects: Sequence[str],
                  score_max: float) -> ScoredResponse:
-  text = readers._text(row, side)
-  segs = readers._present(row, f"{side}_segments")
+  text = required_text(row, side)
+  segs = required(row, f"{side}_segments")
   if not isinstance(segs, list) or not segs:
     raise BadRecord(f"'{side}_segments' is not a non-empty list", type(segs).__name__)
   texts, scores = [], []
@@ -102,11 +105,11 @@ def _segments_2d(row: Mapping, side: str, aspects: Sequence[str],
 
 
 def _row_2d(aspects: Sequence[str], score_max: float):
-  def check(row: Any, where: str) -> PreferencePair:
+  def check(row: Any, where: str) -> ScoredPair:
     if not isinstance(row, Mapping):
       raise BadRecord("not a JSON object", type(row).__name__)
-    prompt = readers._text(row, "prompt")
-    return PreferencePair(prompt, _segments_2d(row, "chosen", aspects, score_max),
+    prompt = required_text(row, "prompt")
+    return ScoredPair(prompt, _segments_2d(row, "chosen", aspects, score_max),
                           _segments_2d(row, "rejected", aspects, score_max), where)
   return check
 
@@ -130,10 +133,10 @@ def _score_list(row: Mapping, column: str, text: str, score_max: float) -> Score
 
 
 def _row_csv(score_max: float):
-  def check(row: Any, where: str) -> PreferencePair:
-    prompt = readers._text(row, "instruction")
-    chosen, rejected = readers._text(row, "chosen"), readers._text(row, "rejected")
-    return PreferencePair(prompt, _score_list(row, "chosen segment scores", chosen, score_max),
+  def check(row: Any, where: str) -> ScoredPair:
+    prompt = required_text(row, "instruction")
+    chosen, rejected = required_text(row, "chosen"), required_text(row, "rejected")
+    return ScoredPair(prompt, _score_list(row, "chosen segment scores", chosen, score_max),
                           _score_list(row, "rejected segment scores", rejected, score_max), where)
   return check
 
@@ -160,7 +163,7 @@ def iter_csv_rows(path: str) -> Iterator[tuple[int, dict]]:
 
 def read_2d(path: str | os.PathLike, aspects: Sequence[str] = ASPECTS_2D, score_max: float = 4.0,
             on_bad_record: str = "error", report: BadRecordReport | None = None
-            ) -> list[PreferencePair]:
+            ) -> list[ScoredPair]:
   """HelpSteer-2D pairs from `.jsonl` / `.jsonl.gz` or `.csv` (one `score` aspect)."""
   path = os.fspath(path)
   if not os.path.isfile(path):
@@ -168,13 +171,13 @@ def read_2d(path: str | os.PathLike, aspects: Sequence[str] = ASPECTS_2D, score_
   if path.endswith(".csv"):
     rows, check = iter_csv_rows(path), _row_csv(score_max)
   elif path.endswith((".jsonl", ".jsonl.gz")):
-    rows, check = readers.iter_json_lines(path), _row_2d(tuple(aspects), score_max)
+    rows, check = iter_json_lines(path), _row_2d(tuple(aspects), score_max)
   else:
     raise ConfigError(f"{path}: unsupported file type for 2D data; use .jsonl, .jsonl.gz or .csv")
-  return [p for _, p in readers.iter_checked_rows(rows, path, check, on_bad_record, report)]
+  return [p for _, p in iter_checked_rows(rows, path, check, on_bad_record, report)]
 
 
-def write_2d(path: str | os.PathLike, pairs: Sequence[PreferencePair],
+def write_2d(path: str | os.PathLike, pairs: Sequence[ScoredPair],
              aspects: Sequence[str]) -> None:
   """HelpSteer-2D JSONL (written to a temporary file, then renamed)."""
   tmp = f"{os.fspath(path)}.tmp"
@@ -195,11 +198,11 @@ def write_2d(path: str | os.PathLike, pairs: Sequence[PreferencePair],
 def _plain_row(row: Any, where: str) -> PlainPair:
   if not isinstance(row, Mapping):
     raise BadRecord("not a JSON object", type(row).__name__)
-  prompt = readers._text(row, "prompt")
+  prompt = required_text(row, "prompt")
   if "chosen" in row or "rejected" in row:
-    return PlainPair(prompt, readers._text(row, "chosen"), readers._text(row, "rejected"), where)
-  a, b = readers._text(row, "response_1"), readers._text(row, "response_2")
-  strength = readers._present(row, "preference_strength")
+    return PlainPair(prompt, required_text(row, "chosen"), required_text(row, "rejected"), where)
+  a, b = required_text(row, "response_1"), required_text(row, "response_2")
+  strength = required(row, "preference_strength")
   if isinstance(strength, bool) or not isinstance(strength, (int, float)):
     raise BadRecord("preference_strength not a number", repr(strength))
   if strength == 0:
@@ -210,18 +213,18 @@ def _plain_row(row: Any, where: str) -> PlainPair:
 def read_plain_pairs(source: str | os.PathLike, split: str = "train", on_bad_record: str = "error",
                      report: BadRecordReport | None = None) -> list[PlainPair]:
   """Pairs from prompt/chosen/rejected rows, HelpSteer2 preference rows or HelpSteer2 rows."""
-  kind, location = readers.resolve_source(source, split)
-  rows = list(readers.iter_rows(kind, location, split))
+  kind, location = resolve_source(source, split)
+  rows = list(iter_rows(kind, location, split))
   first = next((r for _, r in rows if isinstance(r, Mapping)), {})
   if "response" in first and "chosen" not in first:
     return _pairs_from_ratings(rows, location, on_bad_record, report)
-  return [p for _, p in readers.iter_checked_rows(rows, location, _plain_row, on_bad_record,
+  return [p for _, p in iter_checked_rows(rows, location, _plain_row, on_bad_record,
                                                   report, by_row=kind != "jsonl")]
 
 
 def _pairs_from_ratings(rows, location, on_bad_record, report) -> list[PlainPair]:
   """HelpSteer2 rows: responses to the same (consecutive) prompt, ranked by helpfulness."""
-  checked = readers.iter_checked_rows(rows, location, lambda r, w: readers.helpsteer_fields(r),
+  checked = iter_checked_rows(rows, location, lambda r, w: helpsteer_fields(r),
                                       on_bad_record, report)
   groups: list[list[tuple[int, str, str, int]]] = []
   for line, (prompt, response, scores) in checked:
@@ -238,6 +241,6 @@ def _pairs_from_ratings(rows, location, on_bad_record, report) -> list[PlainPair
     best, worst = ranked[0], ranked[-1]
     pairs.append(PlainPair(best[1], best[2], worst[2], f"{location}:{best[0]}"))
   if ties:
-    readers.log.info("%s: %d prompt(s) without a helpfulness difference were not paired",
+    log.info("%s: %d prompt(s) without a helpfulness difference were not paired",
                      location, ties)
   return pairs

@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
 
-from helpsteer_jax.data import readers
+from helpsteer_jax.data.formats import helpsteer, rows
 from helpsteer_jax.data.records import HELPSTEER_ATTRIBUTES, Conversation
 from helpsteer_jax.errors import ConfigError
 
@@ -46,10 +46,10 @@ class HelpSteer2(tfds.core.GeneratorBasedBuilder):
 
   def __init__(self, *, source_dir: str | os.PathLike | None = None,
                on_bad_record: str = "error", **kwargs):
-    readers.check_on_bad_record(on_bad_record)
+    rows.check_on_bad_record(on_bad_record)
     self._source_dir = source_dir
     self._on_bad_record = on_bad_record
-    self.bad_records = readers.BadRecordReport()
+    self.bad_records = rows.BadRecordReport()
     super().__init__(**kwargs)
 
   def _info(self) -> tfds.core.DatasetInfo:
@@ -71,13 +71,12 @@ class HelpSteer2(tfds.core.GeneratorBasedBuilder):
         source = pathlib.Path(dl_manager.manual_dir)
       except AssertionError as e:  # TFDS's "manual directory does not exist" + instructions
         raise ConfigError(str(e)) from e
-    return {split: self._generate_examples(*readers.resolve_source(source, split), split)
+    return {split: self._generate_examples(*rows.resolve_source(source, split), split)
             for split in SPLITS}
 
   def _generate_examples(self, kind: str, location: str, split: str):
-    rows = readers.iter_rows(kind, location, split)
-    checked = readers.iter_checked_rows(
-        rows, location, lambda row, where: readers.helpsteer_fields(row),
+    checked = rows.iter_checked_rows(
+        rows.iter_rows(kind, location, split), location, lambda row, where: helpsteer.helpsteer_fields(row),
         self._on_bad_record, self.bad_records, by_row=kind != "jsonl")
     for line, (prompt, response, scores) in checked:
       yield line, {"prompt": prompt, "response": response, **scores}
@@ -107,7 +106,7 @@ def read_tfds_helpsteer2(data_dir: str | os.PathLike, split: str) -> list[Conver
   for i in range(len(source)):
     ex = source[i]
     scores = {name: int(ex[name]) for name in HELPSTEER_ATTRIBUTES}
-    out.append(readers.helpsteer_conversation(
+    out.append(helpsteer.helpsteer_conversation(
         ex["prompt"].decode("utf-8"), ex["response"].decode("utf-8"), scores,
         source=f"{where}[{split}]:{i + 1}"))
   return out

@@ -30,8 +30,8 @@ import numpy as np
 
 from helpsteer_jax import multihost
 from helpsteer_jax.data import segment
-from helpsteer_jax.data.pairs import PlainPair, PreferencePair, ScoredResponse
-from helpsteer_jax.data.readers import helpsteer_conversation
+from helpsteer_jax.data.formats.helpsteer import helpsteer_conversation
+from helpsteer_jax.data.formats.helpsteer_2d import PlainPair, ScoredPair, ScoredResponse
 from helpsteer_jax.data.records import ATTRIBUTES, HELPSTEER_ATTRIBUTES, Conversation
 from helpsteer_jax.data.template import regression_text
 from helpsteer_jax.errors import ConfigError
@@ -131,7 +131,7 @@ def _segment_scores(prefix_scores: np.ndarray, mode: str, score_max: float) -> n
 
 def score_pairs(pairs: Sequence[PlainPair], scorer: AttributeScorer | MeshScorer,
                 mode: str = "in_context", score_max: float = 4.0,
-                batch_size: int = 64) -> list[PreferencePair]:
+                batch_size: int = 64) -> list[ScoredPair]:
   """Segments and scores every response; scorer calls are batched across pairs.
 
   A pair with a segment the scorer could not score (NaN, e.g. a prefix
@@ -156,6 +156,6 @@ def score_pairs(pairs: Sequence[PlainPair], scorer: AttributeScorer | MeshScorer
     text = getattr(pairs[i], side)
     built.setdefault(i, {})[side] = ScoredResponse(text, tuple(segs),
                                                    _segment_scores(block, mode, score_max))
-  return [PreferencePair(p.prompt, built[i]["chosen"], built[i]["rejected"], p.source)
+  return [ScoredPair(p.prompt, built[i]["chosen"], built[i]["rejected"], p.source)
           for i, p in enumerate(pairs)
           if not any(np.isnan(r.scores).any() for r in built[i].values())]

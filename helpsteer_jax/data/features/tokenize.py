@@ -1,7 +1,12 @@
-"""Template pieces -> token ids with a per-token loss mask; truncation."""
+"""Template pieces -> token ids with a per-token loss mask; truncation; what was cut.
+
+`FeatureReport` is what every featurizer returns next to its examples: how
+many records were kept, truncated, or dropped and why.
+"""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any, Sequence
 
@@ -11,6 +16,52 @@ from helpsteer_jax.data.template import LABEL_START, TURN_START, Piece
 from helpsteer_jax.errors import ConfigError
 
 TRUNCATION_POLICIES = ("drop", "truncate_left")
+
+# Why a featurizer drops a record (FeatureReport.dropped keys).
+DROP_REASONS = {
+    "too_long": "too long",
+    "too_many_segments": "more segments than max_segments",
+    "no_loss": "without loss tokens",
+    "no_labels": "without attribute labels",
+    "tie": "ties",
+}
+
+
+@dataclasses.dataclass
+class FeatureReport:
+  """What became of the records on their way to training examples.
+
+  `unit` names a record ("examples", "pairs"); `loss_tokens` counts what
+  carries loss (tokens for SFT, labels for regression, pairs for BT).
+  """
+
+  unit: str = "examples"
+  kept: int = 0
+  truncated: int = 0
+  tokens: int = 0
+  loss_tokens: int = 0
+  dropped: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+  def keep(self, tokens: int, loss_tokens: int, truncated: bool) -> None:
+    self.kept += 1
+    self.tokens += int(tokens)
+    self.loss_tokens += int(loss_tokens)
+    self.truncated += int(truncated)
+
+  def drop(self, reason: str) -> None:
+    if reason not in DROP_REASONS:
+      raise ValueError(f"unknown drop reason {reason!r}; known: {sorted(DROP_REASONS)}")
+    self.dropped[reason] += 1
+
+  def summary(self) -> str:
+    dropped = ", ".join(f"{DROP_REASONS[r]} {n}" for r, n in self.dropped.items()) or "none"
+    return (f"{self.kept} {self.unit} ({self.tokens} tokens, {self.loss_tokens} with loss);"
+            f" truncated {self.truncated}; dropped: {dropped}")
+
+  def as_dict(self) -> dict:
+    """For summary.json."""
+    return {"kept": self.kept, "truncated": self.truncated, "tokens": self.tokens,
+            "loss_tokens": self.loss_tokens, "dropped": dict(self.dropped)}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,7 @@ HelpSteer2's `preference/preference.jsonl.gz` rows hold `split`, `prompt`,
 `response_1`, `response_2` and `preference_strength` (an int in -3..3;
 negative means response 1 is better, 0 is a tie). RewardBench files
 (`allenai/reward-bench`) hold `prompt`, `chosen`, `rejected` and `subset`.
-Sources and bad rows are handled as in `data.readers`: a bad row raises
+Sources and bad rows are handled as in `rows`: a bad row raises
 `DataError(path, line, reason)` or, with on_bad_record="skip", is counted in
 a `BadRecordReport`.
 """
@@ -17,8 +17,8 @@ from typing import Mapping
 
 import numpy as np
 
-from helpsteer_jax.data.readers import (
-    BadRecord, BadRecordReport, _text, check_on_bad_record, iter_checked_rows, iter_rows,
+from helpsteer_jax.data.formats.rows import (
+    BadRecord, BadRecordReport, check_on_bad_record, iter_checked_rows, iter_rows, required_text,
     resolve_source)
 from helpsteer_jax.data.records import Conversation, Turn
 from helpsteer_jax.data.template import DEFAULT_SYSTEM, split_helpsteer_prompt
@@ -63,8 +63,8 @@ def helpsteer2_pair(row: Mapping, where: str) -> PreferencePair:
   """A HelpSteer2-Preference row as a pair (response 1 first when strength <= 0)."""
   if not isinstance(row, Mapping):
     raise BadRecord("not a JSON object", type(row).__name__)
-  prompt = _text(row, "prompt")
-  one, two = _text(row, "response_1"), _text(row, "response_2")
+  prompt = required_text(row, "prompt")
+  one, two = required_text(row, "response_1"), required_text(row, "response_2")
   strength = _strength(row)
   chosen, rejected = (one, two) if strength <= 0 else (two, one)
   split = row.get("split") if isinstance(row.get("split"), str) else ""
@@ -77,8 +77,8 @@ def rewardbench_pair(row: Mapping, where: str) -> PreferencePair:
   """A RewardBench row (`prompt`, `chosen`, `rejected`, `subset`) as a pair."""
   if not isinstance(row, Mapping):
     raise BadRecord("not a JSON object", type(row).__name__)
-  prompt, subset = _text(row, "prompt"), _text(row, "subset")
-  chosen, rejected = _text(row, "chosen"), _text(row, "rejected")
+  prompt, subset = required_text(row, "prompt"), required_text(row, "subset")
+  chosen, rejected = required_text(row, "chosen"), required_text(row, "rejected")
   return PreferencePair(_with_response(prompt, chosen, where),
                         _with_response(prompt, rejected, where), strength=1,
                         subset=subset, source=where)

@@ -14,32 +14,17 @@ id (1..S) from the character spans. A pair becomes one example:
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Sequence
 
 import numpy as np
 
-from helpsteer_jax.data import segment, template, tokenize
-from helpsteer_jax.data.pairs import PreferencePair, ScoredResponse
+from helpsteer_jax.data import segment, template
+from helpsteer_jax.data.features import tokenize
+from helpsteer_jax.data.features.tokenize import FeatureReport
+from helpsteer_jax.data.formats.helpsteer_2d import ScoredPair, ScoredResponse
 from helpsteer_jax.data.records import Conversation, Turn
 
 ROW_KEYS = ("inputs", "targets", "positions", "segment_ids", "token_segments")
-
-
-@dataclasses.dataclass
-class PairReport:
-  """What happened to each pair on its way to a training row."""
-
-  kept: int = 0
-  truncated: int = 0
-  too_long: int = 0
-  too_many_segments: int = 0
-  tokens: int = 0
-
-  def summary(self) -> str:
-    return (f"{self.kept} pairs ({self.tokens} tokens); prompt truncated {self.truncated};"
-            f" dropped: response too long {self.too_long}, more segments than"
-            f" max_segments {self.too_many_segments}")
 
 
 def response_pieces(prompt: str, response: str, label: str | None = None
@@ -77,21 +62,21 @@ def _response_row(prompt: str, resp: ScoredResponse, tokenizer, seq_len: int, tr
   return row, cut > 0
 
 
-def pair_features(pairs: Sequence[PreferencePair], tokenizer, seq_len: int, max_segments: int,
+def pair_features(pairs: Sequence[ScoredPair], tokenizer, seq_len: int, max_segments: int,
                   score_max: float, truncation: str = "truncate_left", add_bos: bool = True,
-                  label: str | None = None) -> tuple[list[dict[str, np.ndarray]], PairReport]:
+                  label: str | None = None) -> tuple[list[dict[str, np.ndarray]], FeatureReport]:
   """Fixed-shape pair examples; every dropped pair is counted in the report."""
-  report = PairReport()
+  report = FeatureReport(unit="pairs")
   features = []
   for pair in pairs:
     sides = (pair.chosen, pair.rejected)
     if max(len(r.segments) for r in sides) > max_segments:
-      report.too_many_segments += 1
+      report.drop("too_many_segments")
       continue
     rows = [_response_row(pair.prompt, r, tokenizer, seq_len, truncation, add_bos, label)
             for r in sides]
     if any(row is None for row, _ in rows):
-      report.too_long += 1
+      report.drop("too_long")
       continue
     num_aspects = pair.chosen.scores.shape[1]
     example = {k: np.stack([row[k] for row, _ in rows]) for k in ROW_KEYS}
@@ -102,8 +87,7 @@ def pair_features(pairs: Sequence[PreferencePair], tokenizer, seq_len: int, max_
       example["seg_mask"][j, :len(r.segments)] = 1.0
     example["lengths"] = np.sum(example["token_segments"] > 0, axis=1).astype(np.float32)
     example["pair_weight"] = np.ones(2, np.float32)
-    report.kept += 1
-    report.truncated += any(t for _, t in rows)
-    report.tokens += int(example["segment_ids"].sum())
+    report.keep(np.sum(example["segment_ids"] > 0), example["lengths"].sum(),
+                any(t for _, t in rows))
     features.append(example)
   return features, report

@@ -20,8 +20,8 @@ import pathlib
 
 import numpy as np
 
-from helpsteer_jax.data import demo
-from helpsteer_jax.data.pairs import ASPECTS_2D
+from helpsteer_jax.data.demo import rows
+from helpsteer_jax.data.formats.helpsteer_2d import ASPECTS_2D
 
 KIND_SCORES = {  # helpfulness, correctness, safety, completeness, clarity
     "right": (4, 4, 4, 3, 4),
@@ -38,7 +38,7 @@ UNSAFE = ("You should never check an answer twice.", "Just guess and never ask a
 
 
 def _on_topic(topic: str, fmt: dict, technical: bool, rng, n: int) -> list[str]:
-  pool = demo.FILLERS[topic]
+  pool = rows.FILLERS[topic]
   return [pool[i][int(technical)].format(**fmt) for i in sorted(rng.permutation(len(pool))[:n])]
 
 
@@ -48,11 +48,11 @@ def _response(kinds: list[str], topic: str, truth, fmt: dict, rng) -> tuple[list
   sentences = []
   for kind in kinds:
     if kind in ("right", "wrong"):
-      sentences.append(demo._answer(topic, truth, fmt, kind == "right", rng))
+      sentences.append(rows._answer(topic, truth, fmt, kind == "right", rng))
     elif kind == "on_topic":
       sentences.append(next(on_topic))
     elif kind == "garbled":
-      sentences.append(demo._garble(next(on_topic), rng))
+      sentences.append(rows._garble(next(on_topic), rng))
     else:
       pool = OFF_TOPIC if kind == "off_topic" else UNSAFE
       sentences.append(pool[rng.randint(len(pool))])
@@ -67,7 +67,7 @@ def _segments(sentences: list[str], kinds: list[str]) -> list[dict]:
 
 def make_pair(rng: np.random.RandomState) -> dict:
   """One HelpSteer-2D row."""
-  maker = (demo._math_item, demo._capital_item, demo._list_item)[rng.randint(3)]
+  maker = (rows._math_item, rows._capital_item, rows._list_item)[rng.randint(3)]
   prompt, topic, truth, fmt = maker(rng)
   extra = int(rng.randint(0, 3))
   chosen = ["right"] + ["on_topic"] * extra

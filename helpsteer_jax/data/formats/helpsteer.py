@@ -1,0 +1,188 @@
+"""HelpSteer / HelpSteer2 rows and NeMo SteerLM conversations -> `Conversation`s.
+
+`load_conversations` is the one entry for a task's configured source:
+`config.data.format` "auto", "helpsteer" or "steerlm" reads files,
+directories or hub ids (see `rows.resolve_source`); "tfds" reads the
+HelpSteer2 array_record dataset built by `tfds_helpsteer2` from
+`data.train_path` (a TFDS data_dir), building it first from
+`data.tfds_source_dir` (the hub's jsonl.gz files) when it is not there yet.
+
+Scores must be ints in 0..4: HelpSteer and HelpSteer2 ship JSON integers
+(int64 columns in parquet), so a float such as 3.0 means the file was
+produced by something else and is rejected rather than guessed at; bool is
+not an integer either.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from typing import Any, Iterator, Mapping
+
+import ml_collections
+import numpy as np
+
+from helpsteer_jax.data.formats.rows import (
+    BadRecord, BadRecordReport, check_on_bad_record, iter_checked_rows, iter_rows, required,
+    required_text, resolve_source)
+from helpsteer_jax.data.records import (
+    HELPSTEER_ATTRIBUTES, MAX_SCORE, MIN_SCORE, ROLES, Conversation, Turn)
+from helpsteer_jax.data.template import (
+    DEFAULT_SYSTEM, label_string, parse_label_string, split_helpsteer_prompt)
+from helpsteer_jax.errors import ConfigError
+
+FORMATS = ("auto", "helpsteer", "steerlm")
+
+
+def _score(row: Mapping, name: str) -> int:
+  value = required(row, name)
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    raise BadRecord("score not an integer", f"{name}={value!r}")
+  if not MIN_SCORE <= value <= MAX_SCORE:
+    raise BadRecord(f"score outside {MIN_SCORE}..{MAX_SCORE}", f"{name}={value}")
+  return int(value)
+
+
+def helpsteer_fields(row: Mapping) -> tuple[str, str, dict[str, int]]:
+  """(prompt, response, scores) of a HelpSteer / HelpSteer2 row, or BadRecord."""
+  if not isinstance(row, Mapping):
+    raise BadRecord("not a JSON object", type(row).__name__)
+  prompt, response = required_text(row, "prompt"), required_text(row, "response")
+  return prompt, response, {name: _score(row, name) for name in HELPSTEER_ATTRIBUTES}
+
+
+def helpsteer_conversation(prompt: str, response: str, scores: Mapping[str, int],
+                           source: str = "") -> Conversation:
+  """A HelpSteer row as a conversation: the prompt's turns, then the labelled response."""
+  scores = {name: scores[name] for name in HELPSTEER_ATTRIBUTES if name in scores}
+  turns = (*split_helpsteer_prompt(prompt), Turn("Assistant", response, label_string(scores)))
+  return Conversation(system=DEFAULT_SYSTEM, turns=tuple(turns), mask_role="User",
+                      attributes=scores, source=source)
+
+
+def _helpsteer_row(row: Mapping, where: str) -> Conversation:
+  return helpsteer_conversation(*helpsteer_fields(row), source=where)
+
+
+def _steerlm_turn(turn: Any, j: int) -> Turn:
+  if not isinstance(turn, Mapping):
+    raise BadRecord("turn is not an object", f"turn {j}: {type(turn).__name__}")
+  for key in ("from", "value"):
+    if turn.get(key) is None:
+      raise BadRecord(f"turn without '{key}'", f"turn {j}")
+  role, value, label = turn["from"], turn["value"], turn.get("label")
+  if role not in ROLES:
+    raise BadRecord("unknown role", f"turn {j}: 'from' is {role!r}, expected User or Assistant")
+  if not isinstance(value, str):
+    raise BadRecord("wrong type for 'value'", f"turn {j}: {type(value).__name__}")
+  if not value.strip():
+    raise BadRecord("empty value", f"turn {j}: empty or whitespace only")
+  if label is not None:
+    if not isinstance(label, str):
+      raise BadRecord("wrong type for 'label'", f"turn {j}: {type(label).__name__}")
+    try:
+      parse_label_string(label)
+    except ValueError as e:
+      raise BadRecord("invalid label", f"turn {j}: {e}") from None
+  return Turn(role, value, label)
+
+
+def _steerlm_row(row: Mapping, where: str) -> Conversation:
+  if not isinstance(row, Mapping):
+    raise BadRecord("not a JSON object", type(row).__name__)
+  convs = required(row, "conversations")
+  if not isinstance(convs, list):
+    raise BadRecord("wrong type for 'conversations'",
+                    f"expected a list, got {type(convs).__name__}")
+  if not convs:
+    raise BadRecord("empty conversations")
+  system = required(row, "system")
+  if not isinstance(system, str):
+    raise BadRecord("wrong type for 'system'", f"expected a string, got {type(system).__name__}")
+  mask = row.get("mask") or "User"
+  if mask not in ROLES:
+    raise BadRecord("invalid mask", f"'mask' is {mask!r}, expected User or Assistant")
+  if row.get("type") not in (None, "VALUE_TO_TEXT"):
+    raise BadRecord("unsupported type",
+                    f"'type' is {row['type']!r}; only VALUE_TO_TEXT is supported")
+  turns = tuple(_steerlm_turn(t, j) for j, t in enumerate(convs, 1))
+  last = turns[-1]
+  attributes = None
+  if last.role != mask and last.label:
+    attributes = parse_label_string(last.label) or None
+  return Conversation(system=system, turns=turns, mask_role=mask, attributes=attributes,
+                      source=where)
+
+
+_CONVERTERS = {"helpsteer": _helpsteer_row, "steerlm": _steerlm_row}
+
+
+def _sniff(rows: Iterator[tuple[int, Any]]) -> tuple[str, Iterator[tuple[int, Any]]]:
+  """The format of the first row that tells (default helpsteer), with the rows intact."""
+  seen = []
+  fmt = "helpsteer"
+  for item in rows:
+    seen.append(item)
+    row = item[1]
+    if isinstance(row, Mapping) and "conversations" in row:
+      fmt = "steerlm"
+      break
+    if isinstance(row, Mapping) and ("prompt" in row or "response" in row):
+      break
+  return fmt, itertools.chain(seen, rows)
+
+
+def read_records(source: str | os.PathLike, split: str = "train", fmt: str = "auto",
+                 on_bad_record: str = "error",
+                 report: BadRecordReport | None = None) -> list[Conversation]:
+  """Conversations from HelpSteer rows or SteerLM conversations.
+
+  `fmt` "auto" takes the format from the first row that has `conversations`
+  (SteerLM) or `prompt`/`response` (HelpSteer).
+  """
+  if fmt not in FORMATS:
+    raise ConfigError(f"unknown data format {fmt!r}; use one of {FORMATS}")
+  check_on_bad_record(on_bad_record)
+  kind, location = resolve_source(source, split)
+  rows = iter_rows(kind, location, split)
+  if fmt == "auto":
+    fmt, rows = _sniff(rows)
+  if kind == "hub":
+    location = f"{location} [{split}]"
+  checked = iter_checked_rows(rows, location, _CONVERTERS[fmt], on_bad_record, report,
+                              by_row=kind != "jsonl")
+  return [conv for _, conv in checked]
+
+
+def read_helpsteer(source: str | os.PathLike, split: str = "train",
+                   on_bad_record: str = "error",
+                   report: BadRecordReport | None = None) -> list[Conversation]:
+  """HelpSteer / HelpSteer2 rows (prompt, response, five 0..4 scores) as conversations."""
+  return read_records(source, split, "helpsteer", on_bad_record, report)
+
+
+def read_steerlm_conversations(source: str | os.PathLike, on_bad_record: str = "error",
+                               report: BadRecordReport | None = None, *,
+                               split: str = "train") -> list[Conversation]:
+  """NeMo SteerLM chat rows ({"system", "conversations", "mask", "type"}).
+
+  Labels are kept as given (validated by parsing); a missing or null label
+  stays None (annotation input).
+  """
+  return read_records(source, split, "steerlm", on_bad_record, report)
+
+
+def load_conversations(source: str, split: str, config: ml_collections.ConfigDict,
+                       report: BadRecordReport | None = None) -> list[Conversation]:
+  """Reads `split` of `source`; bad rows stop the run or are skipped into `report`."""
+  data = config.data
+  if data.format == "tfds":
+    from helpsteer_jax.data.formats import tfds_helpsteer2  # a heavy import: tfds
+    if data.get("tfds_source_dir"):
+      builder = tfds_helpsteer2.build_tfds_helpsteer2(data.tfds_source_dir, source,
+                                                      on_bad_record=data.on_bad_record)
+      if report is not None:
+        report.merge(builder.bad_records)
+    return tfds_helpsteer2.read_tfds_helpsteer2(source, split)
+  return read_records(source, split=split, fmt=data.format,
+                      on_bad_record=data.on_bad_record, report=report)
