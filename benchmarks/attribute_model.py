@@ -46,7 +46,7 @@ def _score_sequences(n, vocab):
 
 
 def _batches(seqs, batch):
-  """Length-sorted batches, padded to a multiple of PAD (what the Scorer does)."""
+  """Length-sorted batches, padded to a multiple of PAD (what the RewardModelScorer does)."""
   from helpsteer_jax.inference.scoring import length_batches, pad_batch
   out = []
   for idx in length_batches([len(s) for s in seqs], batch):
@@ -61,7 +61,7 @@ def jax_worker(conn, hf_dir, head_path, mode, batch, seq, sequences, score_batch
   import jax
   import numpy as np
   from helpsteer_jax import config_base, reward_runtime, runtime
-  from helpsteer_jax.inference.scoring import Scorer
+  from helpsteer_jax.inference.scoring import RewardModelScorer
   from helpsteer_jax.losses.regression import regression_loss
   from helpsteer_jax.train import loop
   from helpsteer_jax.train import state as state_lib
@@ -99,7 +99,7 @@ def jax_worker(conn, hf_dir, head_path, mode, batch, seq, sequences, score_batch
         jax.block_until_ready(metrics)
       stats["last_loss"] = float(metrics["loss"])
   else:
-    scorer = Scorer(model, rt, score_batch, PAD)
+    scorer = RewardModelScorer(model, rt, score_batch, PAD)
     seqs = _score_sequences(sequences, runtime.model_config(config).vocab_size)
 
     def run_once():

@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 
 from helpsteer_jax import runtime  # noqa: E402
 from helpsteer_jax.data.demo import rows as demo  # noqa: E402
-from helpsteer_jax.inference import best_of_n, steering  # noqa: E402
+from helpsteer_jax.inference import attribute_scorer, best_of_n, steering  # noqa: E402
 from helpsteer_jax.inference.sampling import SamplingConfig  # noqa: E402
 from helpsteer_jax.tasks import generate  # noqa: E402
 
@@ -70,7 +70,7 @@ def evaluate(gen, prompts, attributes, max_new_tokens) -> dict:
 
 
 def best_of_4(gen, prompts, max_new_tokens) -> dict:
-  scorer = best_of_n.DemoRuleScorer()
+  scorer = attribute_scorer.DemoRuleScorer()
   weights = best_of_n.weight_vector(best_of_n.HELPSTEER2_WEIGHTS)
   correct_best, correct_any, correct_mean = [], [], []
   requests = [steering.make_request(p, FIXED) for p in prompts]

@@ -11,7 +11,7 @@ preference rows, or prompt/chosen/rejected JSONL; "" = the 2D demo pairs' texts.
 `scorer.factory` is `attribute_model` (the project's attribute model from
 `init.checkpoint` / `model.hf_path`, on the mesh; presets as for annotate) or
 "package.module:function", a function taking `config.scorer` and returning a
-scorer: texts -> [n, 9] attribute predictions (see data/build_2d.py).
+scorer: texts -> [n, 9] attribute predictions (see inference/attribute_scorer.py).
 """
 
 import ml_collections

@@ -23,7 +23,7 @@ from helpsteer_jax import runtime
 from helpsteer_jax.data.features import rm as rm_data
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.inference.scoring import Scorer
+from helpsteer_jax.inference.scoring import RewardModelScorer
 from helpsteer_jax.models import builder
 from helpsteer_jax.models.reward import RewardModel, reward_model
 from helpsteer_jax.train import checkpoint as ckpt_lib
@@ -127,10 +127,10 @@ def build_reward_model(config: ml_collections.ConfigDict, rt: runtime.Runtime) -
 
 
 def build_scorer(config: ml_collections.ConfigDict, rt: runtime.Runtime,
-                 tokenizer) -> tuple[Scorer, rm_data.RegressionTokenizer]:
+                 tokenizer) -> tuple[RewardModelScorer, rm_data.RegressionTokenizer]:
   """The batched scorer over the mesh and the regression tokenizer (`config.score`)."""
-  scorer = Scorer(build_reward_model(config, rt), rt, config.score.batch_size,
-                  config.score.pad_multiple)
+  scorer = RewardModelScorer(build_reward_model(config, rt), rt, config.score.batch_size,
+                             config.score.pad_multiple)
   return scorer, rm_data.RegressionTokenizer(tokenizer, config.score.max_len,
                                              config.data.truncation, config.data.add_bos)
 

@@ -10,7 +10,7 @@ from conftest import REPO_ROOT
 from helpsteer_jax.data import segment
 from helpsteer_jax.data.formats import helpsteer_2d as pairs
 from helpsteer_jax.data.formats.helpsteer import helpsteer_conversation
-from helpsteer_jax.inference import segment_scores as build_2d
+from helpsteer_jax.inference import segment_scores
 from helpsteer_jax.data.template import regression_text
 from helpsteer_jax.data.records import HELPSTEER_ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
@@ -36,10 +36,10 @@ def _expected(prompt, text, mode):
   return np.clip(seg, 0, 4)
 
 
-@pytest.mark.parametrize("mode", build_2d.MODES)
+@pytest.mark.parametrize("mode", segment_scores.MODES)
 def test_segment_scores_follow_the_chosen_mode(mode):
   scorer = fake_scorer.make(None)
-  built = build_2d.score_pairs(PLAIN, scorer, mode, batch_size=3)
+  built = segment_scores.score_pairs(PLAIN, scorer, mode, batch_size=3)
   assert sum(scorer.calls) == sum(len(segment.split_sentences(t)) + 1
                                   for p in PLAIN for t in (p.chosen, p.rejected))
   assert max(scorer.calls) <= 3
@@ -51,7 +51,7 @@ def test_segment_scores_follow_the_chosen_mode(mode):
 
 
 def test_the_prefix_texts_are_the_attribute_models_input():
-  texts = build_2d.prefix_texts("Q?", "A. B.", [(0, 3), (3, 5)])
+  texts = segment_scores.prefix_texts("Q?", "A. B.", [(0, 3), (3, 5)])
   assert texts[0].endswith("<extra_id_1>Assistant\n\n<extra_id_2>")
   assert texts[1].endswith("<extra_id_1>Assistant\nA.\n<extra_id_2>")
   assert texts[2].endswith("<extra_id_1>Assistant\nA. B.\n<extra_id_2>")
@@ -83,7 +83,7 @@ def test_task_needs_a_scorer(tmp_path):
   with pytest.raises(ConfigError, match="cannot be loaded"):
     task.run(config, str(tmp_path))
   with pytest.raises(ConfigError, match="returned shape"):
-    build_2d.score_pairs(PLAIN, lambda texts: np.zeros((len(texts), 5)))
+    segment_scores.score_pairs(PLAIN, lambda texts: np.zeros((len(texts), 5)))
 
 
 def test_pairs_with_an_unscored_segment_are_left_out():
@@ -92,5 +92,5 @@ def test_pairs_with_an_unscored_segment_are_left_out():
     out[["I like trains. red." in t for t in texts]] = np.nan
     return out
 
-  built = build_2d.score_pairs(PLAIN, scorer)
+  built = segment_scores.score_pairs(PLAIN, scorer)
   assert [p.prompt for p in built] == [PLAIN[0].prompt]

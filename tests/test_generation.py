@@ -17,7 +17,8 @@ from helpsteer_jax.data import demo, template
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError, DataError
-from helpsteer_jax.inference import best_of_n, chat, decode, generator, loading, steering
+from helpsteer_jax.inference import (
+    attribute_scorer, best_of_n, chat, decode, generator, loading, steering)
 from helpsteer_jax.inference.sampling import SamplingConfig
 from helpsteer_jax.models import builder, hf, presets
 
@@ -214,7 +215,7 @@ def test_file_mode_resumes_mid_batch_as_an_uninterrupted_run(tmp_path, tokenizer
 
 
 def test_demo_rule_scorer_reads_the_demo_rules():
-  scorer = best_of_n.load_scorer("demo_rules")
+  scorer = attribute_scorer.load_scorer("demo_rules")
   rows = demo.demo_rows(40, seed=5)
   texts = [best_of_n.scoring_text(steering.make_request(r["prompt"], {}).conversation,
                                   r["response"]) for r in rows]
@@ -226,8 +227,8 @@ def test_demo_rule_scorer_reads_the_demo_rules():
       assert s[ATTRIBUTES.index("correctness")] == row["correctness"]
   assert demo.rule_correct("What is 3 times 4?", "3 times 4 is 12. Start with 3.")
   assert not demo.rule_correct("What is 3 times 4?", "3 times 4 is 13.")
-  with pytest.raises(ConfigError, match="cannot be imported"):
-    best_of_n.load_scorer("helpsteer_jax.no_such_module:load")
+  with pytest.raises(ConfigError, match="cannot be loaded"):
+    attribute_scorer.load_scorer("helpsteer_jax.no_such_module:load")
 
 
 def test_chat_keeps_history_and_changes_attributes():

@@ -15,19 +15,21 @@ from helpsteer_jax.data.features import rm as rm_data
 from helpsteer_jax.data.formats.preference import PreferencePair
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation
 from helpsteer_jax.eval import rm_metrics
-from helpsteer_jax.inference.scoring import Scorer
+from helpsteer_jax.inference.scoring import RewardModelScorer
 
 
-def score_conversations(scorer: Scorer, tok: rm_data.RegressionTokenizer, convs: Sequence[Conversation],
-                         on_batch: Callable[[int], None] | None = None
-                         ) -> tuple[np.ndarray, np.ndarray]:
+def score_conversations(scorer: RewardModelScorer, tok: rm_data.RegressionTokenizer,
+                        convs: Sequence[Conversation],
+                        on_batch: Callable[[int], None] | None = None
+                        ) -> tuple[np.ndarray, np.ndarray]:
   """(predictions of the kept conversations, their indices); too-long ones dropped."""
   ids = [tok.ids(c) for c in convs]
   kept = np.asarray([i for i, x in enumerate(ids) if x is not None], np.int64)
   return scorer.score([ids[i] for i in kept], on_batch), kept
 
 
-def evaluate_attributes(scorer: Scorer, tok: rm_data.RegressionTokenizer, convs: Sequence[Conversation],
+def evaluate_attributes(scorer: RewardModelScorer, tok: rm_data.RegressionTokenizer,
+                        convs: Sequence[Conversation],
                         on_batch=None) -> dict:
   """{metrics, predictions, labels, dropped} on labelled conversations."""
   preds, kept = score_conversations(scorer, tok, convs, on_batch)
@@ -38,7 +40,8 @@ def evaluate_attributes(scorer: Scorer, tok: rm_data.RegressionTokenizer, convs:
           "labels": labels, "dropped": len(convs) - len(kept)}
 
 
-def evaluate_pairs(scorer: Scorer, tok: rm_data.RegressionTokenizer, pairs: Sequence[PreferencePair],
+def evaluate_pairs(scorer: RewardModelScorer, tok: rm_data.RegressionTokenizer,
+                   pairs: Sequence[PreferencePair],
                    weights: Sequence[float], on_batch=None) -> dict:
   """Pairwise accuracy (overall and per subset) with reward = predictions . weights.
 

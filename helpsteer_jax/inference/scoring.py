@@ -38,7 +38,7 @@ def pad_batch(seqs: Sequence[np.ndarray], rows: int, length: int) -> dict[str, n
   return {"tokens": tokens, "positions": positions, "segment_ids": segment_ids}
 
 
-class Scorer:
+class RewardModelScorer:
   """Scores token sequences with a `RewardModel`: [N, 9] predictions."""
 
   def __init__(self, model: RewardModel, rt: Runtime, batch_size: int, pad_multiple: int = 64):

@@ -1,9 +1,9 @@
-"""Segment x aspect supervision from an attribute model (HelpSteer-2D without GPT-4).
+"""Per-segment scores from an attribute scorer (HelpSteer-2D without GPT-4).
 
 Both responses of a pair are cut into sentence segments, and every segment
-is scored on the five HelpSteer attributes by an attribute model through the
-scoring interface below. Two ways to turn whole-response scores into
-per-segment scores (`mode`):
+is scored on the five HelpSteer attributes by an attribute scorer
+(`attribute_scorer`: a host-side `AttributeScorer` or a `MeshScorer`). Two
+ways to turn whole-response scores into per-segment scores (`mode`):
 
 - "in_context" (default): segment k's score is the model's score of the
   response prefix that ends with segment k, i.e. the segment judged together
@@ -23,8 +23,7 @@ gathered, so every process ends with all scores (process 0 writes them).
 
 from __future__ import annotations
 
-import importlib
-from typing import Callable, Protocol, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -35,36 +34,12 @@ from helpsteer_jax.data.formats.helpsteer_2d import PlainPair, ScoredPair, Score
 from helpsteer_jax.data.records import ATTRIBUTES, HELPSTEER_ATTRIBUTES, Conversation
 from helpsteer_jax.data.template import regression_text
 from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.inference.attribute_scorer import (
+    AttributeScorer, MeshScorer, checked_predictions)
 from helpsteer_jax.train import metrics as metrics_lib
-
-# The scoring interface: NeMo regression-format texts (template.regression_text)
-# -> [n, 9] attribute predictions in records.ATTRIBUTES order.
-AttributeScorer = Callable[[Sequence[str]], np.ndarray]
-
-
-class MeshScorer(Protocol):
-  """A scorer that runs on every process and splits its batches over the mesh."""
-
-  local_rows: int  # conversations scored by this process's devices so far
-
-  def score_conversations(self, convs: Sequence[Conversation]) -> np.ndarray:
-    """[n, 9] predictions for each conversation's last response (NaN: not scored)."""
-
 
 MODES = ("in_context", "prefix_difference")
 _HELPSTEER = [ATTRIBUTES.index(a) for a in HELPSTEER_ATTRIBUTES]
-
-
-def load_scorer(factory: str, scorer_config) -> AttributeScorer:
-  """`module:function`, called with the scorer config, returns an AttributeScorer."""
-  module_name, sep, name = factory.partition(":")
-  if not sep or not module_name or not name:
-    raise ConfigError(f"scorer.factory={factory!r}: expected 'package.module:function'")
-  try:
-    fn = getattr(importlib.import_module(module_name), name)
-  except (ImportError, AttributeError) as e:
-    raise ConfigError(f"scorer.factory={factory!r} cannot be loaded: {e}") from None
-  return fn(scorer_config)
 
 
 def prefix_conversations(prompt: str, response: str,
@@ -77,14 +52,6 @@ def prefix_conversations(prompt: str, response: str,
 def prefix_texts(prompt: str, response: str, spans: Sequence[tuple[int, int]]) -> list[str]:
   """Regression texts of the empty response and of each prefix ending a segment."""
   return [regression_text(c) for c in prefix_conversations(prompt, response, spans)]
-
-
-def _checked(out, n: int) -> np.ndarray:
-  out = np.asarray(out, np.float32)
-  if out.shape != (n, len(ATTRIBUTES)):
-    raise ConfigError(f"the attribute scorer returned shape {out.shape} for {n}"
-                      f" texts; expected ({n}, {len(ATTRIBUTES)})")
-  return out
 
 
 def predict(convs: Sequence[Conversation], scorer: AttributeScorer | MeshScorer,
@@ -105,9 +72,10 @@ def predict(convs: Sequence[Conversation], scorer: AttributeScorer | MeshScorer,
     for start in range(0, len(mine), batch_size):
       batch = mine[start:start + batch_size]
       if on_mesh:
-        out.append(_checked(scorer.score_conversations(batch), len(batch)))
+        out.append(checked_predictions(scorer.score_conversations(batch), len(batch)))
       else:
-        out.append(_checked(scorer([regression_text(c) for c in batch]), len(batch)))
+        out.append(checked_predictions(scorer([regression_text(c) for c in batch]),
+                                       len(batch)))
       progress.update(len(batch))
     return np.concatenate(out)
 

@@ -32,7 +32,7 @@ from helpsteer_jax.data.template import label_string
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.eval import rm_eval
 from helpsteer_jax.eval.rm_metrics import rounded
-from helpsteer_jax.inference.scoring import Scorer
+from helpsteer_jax.inference.scoring import RewardModelScorer
 from helpsteer_jax.models import hf
 from helpsteer_jax.tasks import acsft
 from helpsteer_jax.train import metrics as metrics_lib
@@ -76,7 +76,7 @@ def attribute_selection(spec: str) -> list[int]:
   return [ATTRIBUTES.index(n) for n in names]
 
 
-def annotate(convs: Sequence[Conversation], scorer: Scorer, tok, out_path: pathlib.Path,
+def annotate(convs: Sequence[Conversation], scorer: RewardModelScorer, tok, out_path: pathlib.Path,
              chunk_rows: int, slots: Sequence[int]) -> dict:
   """Labels and appends the rows not yet in `out_path`; returns counts."""
   start = resume.resume_point(out_path, convs, _same_text, "data.output_path")

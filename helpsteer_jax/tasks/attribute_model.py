@@ -29,7 +29,7 @@ from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.records import ATTRIBUTES, IGNORE_LABEL
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.eval import rm_eval, rm_report
-from helpsteer_jax.inference.scoring import Scorer
+from helpsteer_jax.inference.scoring import RewardModelScorer
 from helpsteer_jax.losses.bt import BT_VARIANTS, bt_loss
 from helpsteer_jax.losses.regression import regression_loss
 from helpsteer_jax.models import hf, reward
@@ -106,7 +106,7 @@ def final_evaluation(config, model, rt, tokenizer, val_records) -> tuple[dict, s
   """Scores the validation set: attribute metrics or pairwise accuracy."""
   if not val_records:
     return {}, ""
-  scorer = Scorer(model, rt, config.score.batch_size, config.score.pad_multiple)
+  scorer = RewardModelScorer(model, rt, config.score.batch_size, config.score.pad_multiple)
   tok = rm_data.RegressionTokenizer(tokenizer, config.train.seq_len, config.data.truncation,
                              config.data.add_bos)
   if config.loss == "regression":

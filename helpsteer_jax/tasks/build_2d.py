@@ -31,24 +31,25 @@ from helpsteer_jax.data.demo import pairs_2d
 from helpsteer_jax.data.features import rm as rm_data
 from helpsteer_jax.data.formats import helpsteer_2d
 from helpsteer_jax.data.formats.rows import BadRecordReport
-from helpsteer_jax.inference import segment_scores as build_2d
+from helpsteer_jax.inference import segment_scores
+from helpsteer_jax.inference.attribute_scorer import load_scorer
 from helpsteer_jax.data.records import ATTRIBUTES, HELPSTEER_ATTRIBUTES, Conversation
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.eval import rm_eval
-from helpsteer_jax.inference.scoring import Scorer
+from helpsteer_jax.inference.scoring import RewardModelScorer
 from helpsteer_jax.models import hf
 
 BUILTIN = "attribute_model"
 
 
 class AttributeModelScorer:
-  """The attribute model on the mesh as a `build_2d.MeshScorer`.
+  """The attribute model on the mesh as an `attribute_scorer.MeshScorer`.
 
   A conversation that does not fit `score.max_len` (its context cut from the
   left) gets NaN predictions.
   """
 
-  def __init__(self, scorer: Scorer, tok: rm_data.RegressionTokenizer):
+  def __init__(self, scorer: RewardModelScorer, tok: rm_data.RegressionTokenizer):
     self.scorer, self.tok = scorer, tok
 
   @property
@@ -65,7 +66,7 @@ class AttributeModelScorer:
 def _scorer(config: ml_collections.ConfigDict, workdir: pathlib.Path):
   factory = config.scorer.factory
   if factory != BUILTIN:
-    return build_2d.load_scorer(factory, config.scorer)
+    return load_scorer(factory, config.scorer, key="scorer.factory")
   reward_runtime.require_trained(config, "build_2d")
   rt = runtime.setup(config)
   tokenizer = hf.load_tokenizer(runtime.tokenizer_dir(config, workdir))
@@ -74,8 +75,8 @@ def _scorer(config: ml_collections.ConfigDict, workdir: pathlib.Path):
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   workdir = pathlib.Path(workdir)
-  if config.segment_score not in build_2d.MODES:
-    raise ConfigError(f"segment_score={config.segment_score!r}; choose one of {build_2d.MODES}")
+  if config.segment_score not in segment_scores.MODES:
+    raise ConfigError(f"segment_score={config.segment_score!r}; choose one of {segment_scores.MODES}")
   if not config.scorer.factory:
     raise ConfigError(f"build_2d scores segments with a trained attribute model: set"
                       f" --config.scorer.factory={BUILTIN} (the project's attribute model,"
@@ -96,7 +97,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     raise ConfigError(f"no preference pairs in {source}")
   scorer = _scorer(config, workdir)
   logging.info("scoring the segments of %d pairs (%s)", len(plain), config.segment_score)
-  built = build_2d.score_pairs(plain, scorer, config.segment_score, config.data.score_max,
+  built = segment_scores.score_pairs(plain, scorer, config.segment_score, config.data.score_max,
                                config.scorer.batch)
   out = pathlib.Path(config.data.output_path or workdir / "helpsteer_2d.jsonl")
   summary = {"pairs": len(built), "output": str(out), "mode": config.segment_score,

@@ -28,6 +28,7 @@ from helpsteer_jax import multihost, resume, runtime
 from helpsteer_jax.data.demo import rows as demo_rows
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import best_of_n as best_of_n_lib
+from helpsteer_jax.inference.attribute_scorer import load_scorer
 from helpsteer_jax.inference import chat as chat_lib
 from helpsteer_jax.inference import loading, steering
 from helpsteer_jax.inference.decode import Decoder
@@ -91,7 +92,7 @@ def answer_all(generator: Generator, requests: list, config: ml_collections.Conf
   redoes the batch it stopped in) samples what an uninterrupted run would.
   """
   bon = config.best_of_n
-  scorer = best_of_n_lib.load_scorer(bon.scorer, bon.scorer_path) if bon.n > 1 else None
+  scorer = load_scorer(bon.scorer, bon.scorer_path, key="best_of_n.scorer") if bon.n > 1 else None
   weights = best_of_n_lib.weight_vector(bon.weights.to_dict())
   per_batch = max(1, config.batch_size // bon.n)  # n rows per prompt in one batch
   done = resume.resume_point(out_path, requests, _same_request, "--config.output")

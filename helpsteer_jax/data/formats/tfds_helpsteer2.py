@@ -76,7 +76,8 @@ class HelpSteer2(tfds.core.GeneratorBasedBuilder):
 
   def _generate_examples(self, kind: str, location: str, split: str):
     checked = rows.iter_checked_rows(
-        rows.iter_rows(kind, location, split), location, lambda row, where: helpsteer.helpsteer_fields(row),
+        rows.iter_rows(kind, location, split), location,
+        lambda row, where: helpsteer.helpsteer_fields(row),
         self._on_bad_record, self.bad_records, by_row=kind != "jsonl")
     for line, (prompt, response, scores) in checked:
       yield line, {"prompt": prompt, "response": response, **scores}
