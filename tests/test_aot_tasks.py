@@ -71,7 +71,7 @@ def test_pair_fields_match_the_real_featurizer(tmp_path):
   config = tiny("dpo2d", **{"data.demo_train_pairs": 8, "data.demo_validation_pairs": 4})
   spec = dpo2d.abstract_train_step(config, runtime.setup(config))
   tokenizer = hf.load_tokenizer(runtime.tokenizer_dir(config, tmp_path))
-  train_src, _ = dpo2d.resolve_data_paths(config, tmp_path)
+  train_src, _ = dpo2d.data_sources(config, tmp_path)
   cfg = dpo2d.loss_config(config, csv=False)
   real = dpo2d.load_features(train_src, config, cfg, tokenizer)[0]
   real["ref_logps"] = jax.numpy.zeros((2, config.data.max_segments), "float32")

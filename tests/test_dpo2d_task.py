@@ -12,6 +12,7 @@ import pytest
 from conftest import REPO_ROOT
 from helpsteer_jax import runtime
 from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.models import hf
 from helpsteer_jax.tasks import dpo2d as task
 from helpsteer_jax.train import checkpoint as ckpt_lib
 from helpsteer_jax.train import optim
@@ -73,7 +74,7 @@ def test_cached_reference_from_an_acsft_checkpoint(tmp_path):
   vocab = runtime.model_config(config).vocab_size
   features = task.load_features(str(tmp_path / "run" / "demo_2d" / "train.jsonl"), config,
                                 task.loss_config(config, csv=False),
-                                task.hf.load_tokenizer(tmp_path / "run" / "demo_tokenizer"))
+                                hf.load_tokenizer(tmp_path / "run" / "demo_tokenizer"))
   counts = np.stack([[np.bincount(f["token_segments"][j], minlength=5)[1:] for j in (0, 1)]
                      for f in features])
   np.testing.assert_allclose(ref, -counts * math.log(vocab), rtol=1e-5)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import pathlib
 
@@ -34,20 +33,6 @@ def pairs_table(title: str, result: dict) -> str:
     if subset:
       lines.append(f"| {subset} | {m['count']} | {_fmt(m['accuracy'])} |")
   return "\n".join(lines)
-
-
-def write_json(path: str | pathlib.Path, report: dict) -> None:
-  def clean(x):
-    if isinstance(x, dict):
-      return {k: clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-      return [clean(v) for v in x]
-    if isinstance(x, (float, np.floating)):
-      return None if math.isnan(float(x)) else float(x)
-    if isinstance(x, np.integer):
-      return int(x)
-    return x
-  pathlib.Path(path).write_text(json.dumps(clean(report), indent=2) + "\n")
 
 
 def plot_attributes(preds: np.ndarray, labels: np.ndarray, path: str | pathlib.Path,

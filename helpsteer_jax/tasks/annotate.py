@@ -17,14 +17,12 @@ mesh), and process 0 alone decides where to resume and writes the output.
 
 from __future__ import annotations
 
-import json
 import pathlib
 from typing import Sequence
 
-import jax
 import ml_collections
 
-from helpsteer_jax import multihost, resume, reward_runtime, runtime
+from helpsteer_jax import multihost, resume, reward_runtime
 from helpsteer_jax.data.formats import helpsteer
 from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
@@ -33,8 +31,7 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.eval import rm_eval
 from helpsteer_jax.eval.rm_metrics import rounded
 from helpsteer_jax.inference.scoring import RewardModelScorer
-from helpsteer_jax.models import hf
-from helpsteer_jax.tasks import acsft
+from helpsteer_jax.tasks import common
 from helpsteer_jax.train import metrics as metrics_lib
 
 
@@ -108,28 +105,25 @@ def annotate(convs: Sequence[Conversation], scorer: RewardModelScorer, tok, out_
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  workdir = pathlib.Path(workdir)
   reward_runtime.require_trained(config, "annotation")
   slots = attribute_selection(config.attributes)
-  rt = runtime.setup(config)
-  runtime.check_workdir(workdir)
-  tokenizer = hf.load_tokenizer(runtime.tokenizer_dir(config, workdir))
-  source = config.data.input_path or acsft.resolve_data_paths(config, workdir)[0]
+  setup = common.prepare(config, workdir, model=False)
+  source = config.data.input_path or common.helpsteer_sources(config, setup.workdir)[0]
   report = BadRecordReport()
   convs = helpsteer.read_records(source, split=config.data.input_split, fmt=config.data.format,
-                               on_bad_record=config.data.on_bad_record, report=report)
+                                 on_bad_record=config.data.on_bad_record, report=report)
   if config.data.max_rows:
     convs = convs[:config.data.max_rows]
-  out_path = pathlib.Path(config.data.output_path or workdir / "annotated.jsonl")
+  out_path = pathlib.Path(config.data.output_path or setup.workdir / "annotated.jsonl")
   out_path.parent.mkdir(parents=True, exist_ok=True)
-  scorer, tok = reward_runtime.build_scorer(config, rt, tokenizer)
+  scorer, tok = reward_runtime.build_scorer(config, setup.rt, setup.tokenizer)
   counts = annotate(convs, scorer, tok, out_path, config.data.chunk_rows, slots)
   counts["bad_records"] = report.total
   multihost.report_split("annotate: sequences scored", scorer.local_rows)
-  if jax.process_index() == 0:
-    (workdir / "annotate_summary.json").write_text(json.dumps(counts, indent=2) + "\n")
-    print(f"annotate: {counts['written']} rows written to {out_path}"
-          f" ({counts['already_written']} already there, {counts['turns']} turns scored,"
-          f" {counts['unscored_turns']} too long to score, {report.total} bad records"
-          f"{': ' + report.summary() if report.total else ''})")
+  common.write_summary(
+      setup.workdir / "annotate_summary.json", counts,
+      f"annotate: {counts['written']} rows written to {out_path}"
+      f" ({counts['already_written']} already there, {counts['turns']} turns scored,"
+      f" {counts['unscored_turns']} too long to score, {report.total} bad records"
+      f"{': ' + report.summary() if report.total else ''})")
   return counts

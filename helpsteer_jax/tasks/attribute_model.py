@@ -21,7 +21,6 @@ from absl import logging
 from flax import nnx
 
 from helpsteer_jax import reward_runtime, runtime
-from helpsteer_jax.data.demo import rows as demo_rows
 from helpsteer_jax.data.features import rm as rm_data
 from helpsteer_jax.data.formats import preference
 from helpsteer_jax.data.formats.helpsteer import load_conversations
@@ -32,8 +31,8 @@ from helpsteer_jax.eval import rm_eval, rm_report
 from helpsteer_jax.inference.scoring import RewardModelScorer
 from helpsteer_jax.losses.bt import BT_VARIANTS, bt_loss
 from helpsteer_jax.losses.regression import regression_loss
-from helpsteer_jax.models import hf, reward
-from helpsteer_jax.tasks import acsft
+from helpsteer_jax.models import reward
+from helpsteer_jax.tasks import common
 from helpsteer_jax.train import abstract_step, loop
 from helpsteer_jax.train import state as state_lib
 
@@ -58,18 +57,6 @@ def check_config(config: ml_collections.ConfigDict) -> None:
                       " its tokenizer: set --config.tokenizer=/path/to/the/HF/model/directory")
 
 
-def _pair_sources(config, workdir: pathlib.Path) -> tuple[str, str]:
-  data = config.data
-  if data.train_path:
-    return data.train_path, data.validation_path
-  demo_dir = workdir / "demo_data"
-  path = demo_dir / "preference" / "preference.jsonl.gz"
-  if jax.process_index() == 0 and not path.exists():
-    demo_rows.write_demo_preference(demo_dir, data.demo_train_rows, data.demo_validation_rows)
-  runtime.sync("demo_preference")
-  return str(demo_dir), str(demo_dir)
-
-
 def _read_pairs(source: str, split: str, config) -> list[preference.PreferencePair]:
   report = BadRecordReport()
   pairs = preference.read_helpsteer2_preference(source, split, config.data.on_bad_record, report)
@@ -82,13 +69,13 @@ def load_data(config, workdir: pathlib.Path, tokenizer) -> tuple[list, list, lis
   """(train features, eval features, validation records, report) for the loss."""
   data, seq_len = config.data, config.train.seq_len
   if config.loss == "regression":
-    train_src, val_src = acsft.resolve_data_paths(config, workdir)
+    train_src, val_src = common.helpsteer_sources(config, workdir)
     read = functools.partial(load_conversations, config=config)
     make = rm_data.regression_features
     train_records = read(train_src, "train")
     val_records = read(val_src, data.validation_split) if val_src else []
   else:
-    train_src, val_src = _pair_sources(config, workdir)
+    train_src, val_src = common.preference_sources(config, workdir)
     make = rm_data.bt_features
     train_records = _read_pairs(train_src, "train", config)
     val_records = _read_pairs(val_src, data.validation_split, config) if val_src else []
@@ -146,35 +133,27 @@ def abstract_train_step(config: ml_collections.ConfigDict,
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  workdir = pathlib.Path(workdir)
   check_config(config)
-  rt = runtime.setup(config)
-  runtime.check_workdir(workdir)
-  tokenizer = hf.load_tokenizer(runtime.tokenizer_dir(config, workdir))
-  model_cfg = runtime.model_config(config)
-  runtime.check_tokenizer_fits(tokenizer, model_cfg.vocab_size)
-  train_features, eval_features, val_records, data_report = load_data(config, workdir, tokenizer)
-
+  setup = common.prepare(config, workdir)
+  rt, workdir = setup.rt, setup.workdir
+  train_features, eval_features, val_records, data_report = load_data(config, workdir,
+                                                                      setup.tokenizer)
   model = reward_runtime.build_reward_model(config, rt)
   parts = state_lib.split_model(model, rt.mesh, rt.rules)
   del model
-  trainer = loop.Trainer(config, workdir, rt, parts, loss_fn(config), train_features,
-                         eval_features,
-                         flops_per_token=reward.flops_per_token(model_cfg, config.train.seq_len))
+  trainer = loop.Trainer(
+      config, workdir, rt, parts, loss_fn(config), train_features, eval_features,
+      flops_per_token=reward.flops_per_token(setup.model_cfg, config.train.seq_len))
   result = trainer.run()
   trainer.close()
   params = trainer.state.params
   if jax.process_index() == 0:
     reward_runtime.save_head(workdir / reward_runtime.HEAD_FILE, params["head"])
   trained = nnx.merge(parts.graphdef, params, parts.rest)
-  final, table = final_evaluation(config, trained, rt, tokenizer, val_records)
-  summary = {"status": result.status, "step": result.step, "loss": config.loss,
-             "train": result.last_metrics, "eval": result.eval_metrics, "validation": final,
-             "data": data_report}
-  if jax.process_index() == 0:
-    rm_report.write_json(workdir / "summary.json", summary)
-  print(f"{config.task} ({config.loss}): {result.status} at step {result.step};"
-        f" loss {result.last_metrics.get('loss', float('nan')):.4f}")
-  if table:
-    print(table)
+  final, table = final_evaluation(config, trained, rt, setup.tokenizer, val_records)
+  summary = common.training_summary(result, loss=config.loss, validation=final,
+                                    data=data_report)
+  common.write_summary(workdir / "summary.json", summary,
+                       common.result_line(config, result, f"{config.task} ({config.loss})"),
+                       *([table] if table else []))
   return summary

@@ -17,7 +17,6 @@ predictions are gathered. Process 0 alone writes the output.
 
 from __future__ import annotations
 
-import json
 import pathlib
 from typing import Sequence
 
@@ -27,17 +26,16 @@ import numpy as np
 from absl import logging
 
 from helpsteer_jax import reward_runtime, runtime
-from helpsteer_jax.data.demo import pairs_2d
 from helpsteer_jax.data.features import rm as rm_data
 from helpsteer_jax.data.formats import helpsteer_2d
 from helpsteer_jax.data.formats.rows import BadRecordReport
-from helpsteer_jax.inference import segment_scores
-from helpsteer_jax.inference.attribute_scorer import load_scorer
 from helpsteer_jax.data.records import ATTRIBUTES, HELPSTEER_ATTRIBUTES, Conversation
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.eval import rm_eval
+from helpsteer_jax.inference import segment_scores
+from helpsteer_jax.inference.attribute_scorer import load_scorer
 from helpsteer_jax.inference.scoring import RewardModelScorer
-from helpsteer_jax.models import hf
+from helpsteer_jax.tasks import common
 
 BUILTIN = "attribute_model"
 
@@ -68,15 +66,15 @@ def _scorer(config: ml_collections.ConfigDict, workdir: pathlib.Path):
   if factory != BUILTIN:
     return load_scorer(factory, config.scorer, key="scorer.factory")
   reward_runtime.require_trained(config, "build_2d")
-  rt = runtime.setup(config)
-  tokenizer = hf.load_tokenizer(runtime.tokenizer_dir(config, workdir))
-  return AttributeModelScorer(*reward_runtime.build_scorer(config, rt, tokenizer))
+  setup = common.prepare(config, workdir, model=False)
+  return AttributeModelScorer(*reward_runtime.build_scorer(config, setup.rt, setup.tokenizer))
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   workdir = pathlib.Path(workdir)
   if config.segment_score not in segment_scores.MODES:
-    raise ConfigError(f"segment_score={config.segment_score!r}; choose one of {segment_scores.MODES}")
+    raise ConfigError(f"segment_score={config.segment_score!r}; choose one of"
+                      f" {segment_scores.MODES}")
   if not config.scorer.factory:
     raise ConfigError(f"build_2d scores segments with a trained attribute model: set"
                       f" --config.scorer.factory={BUILTIN} (the project's attribute model,"
@@ -84,21 +82,18 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                       " package.module:function (a function taking config.scorer and"
                       " returning texts -> [n, 9] predictions)")
   runtime.check_workdir(workdir)
-  source = config.data.input_path
-  if not source:
-    demo_dir = runtime.write_once(workdir / "demo_2d", "validation.jsonl", lambda d: (
-        pairs_2d.write_demo_2d(d, config.data.demo_rows, 0)))
-    source = str(demo_dir / "train.jsonl")
+  source = config.data.input_path or common.demo_2d_files(workdir, config.data.demo_rows, 0)[0]
   report = BadRecordReport()
-  plain = helpsteer_2d.read_plain_pairs(source, config.data.split, config.data.on_bad_record, report)
+  plain = helpsteer_2d.read_plain_pairs(source, config.data.split, config.data.on_bad_record,
+                                        report)
   if config.data.max_pairs:
     plain = plain[:config.data.max_pairs]
   if not plain:
     raise ConfigError(f"no preference pairs in {source}")
   scorer = _scorer(config, workdir)
   logging.info("scoring the segments of %d pairs (%s)", len(plain), config.segment_score)
-  built = segment_scores.score_pairs(plain, scorer, config.segment_score, config.data.score_max,
-                               config.scorer.batch)
+  built = segment_scores.score_pairs(plain, scorer, config.segment_score,
+                                     config.data.score_max, config.scorer.batch)
   out = pathlib.Path(config.data.output_path or workdir / "helpsteer_2d.jsonl")
   summary = {"pairs": len(built), "output": str(out), "mode": config.segment_score,
              "segments": sum(len(p.chosen.segments) + len(p.rejected.segments) for p in built),
@@ -106,6 +101,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if jax.process_index() == 0:
     out.parent.mkdir(parents=True, exist_ok=True)
     helpsteer_2d.write_2d(out, built, HELPSTEER_ATTRIBUTES)
-    (workdir / "build_2d.json").write_text(json.dumps(summary, indent=2))
-    print(f"build_2d: wrote {len(built)} pairs to {out}")
+  common.write_summary(workdir / "build_2d.json", summary,
+                       f"build_2d: wrote {len(built)} pairs to {out}")
   return summary

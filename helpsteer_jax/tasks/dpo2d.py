@@ -22,15 +22,14 @@ from absl import logging
 from flax import nnx
 
 from helpsteer_jax import runtime
-from helpsteer_jax.data.demo import pairs_2d
 from helpsteer_jax.data.features import pair_rows
 from helpsteer_jax.data.formats import helpsteer_2d
 from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.losses import dpo2d
 from helpsteer_jax.losses.pair_logprobs import preference_loss
-from helpsteer_jax.models import hf
 from helpsteer_jax.models.llama import Llama
+from helpsteer_jax.tasks import common
 from helpsteer_jax.train import abstract_step, loop, reference
 from helpsteer_jax.train import checkpoint as ckpt_lib
 from helpsteer_jax.train import state as state_lib
@@ -67,13 +66,12 @@ def loss_config(config: ml_collections.ConfigDict, csv: bool) -> dpo2d.Preferenc
       label_smoothing=float(lc.label_smoothing), aspect_weights=weights, aspects=aspects)
 
 
-def resolve_data_paths(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> tuple[str, str]:
+def data_sources(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> tuple[str, str]:
+  """(train, validation) 2D pair files; the 2D demo pairs when none is configured."""
   data = config.data
-  if not data.train_path:
-    demo_dir = runtime.write_once(workdir / "demo_2d", "validation.jsonl", lambda d: (
-        pairs_2d.write_demo_2d(d, data.demo_train_pairs, data.demo_validation_pairs)))
-    return str(demo_dir / "train.jsonl"), str(demo_dir / "validation.jsonl")
-  return data.train_path, data.validation_path
+  if data.train_path:
+    return data.train_path, data.validation_path
+  return common.demo_2d_files(workdir, data.demo_train_pairs, data.demo_validation_pairs)
 
 
 def load_features(path: str, config, cfg: dpo2d.PreferenceLossConfig, tokenizer) -> list:
@@ -128,18 +126,12 @@ def abstract_train_step(config: ml_collections.ConfigDict,
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  workdir = pathlib.Path(workdir)
-  train_src, val_src = resolve_data_paths(config, workdir)
+  train_src, val_src = data_sources(config, pathlib.Path(workdir))
   cfg = loss_config(config, csv=train_src.endswith(".csv"))
-  rt = runtime.setup(config)
-  runtime.check_workdir(workdir)
-  tok_dir = runtime.tokenizer_dir(config, workdir)
-  tokenizer = hf.load_tokenizer(tok_dir)
-  model_cfg = runtime.model_config(config)
-  runtime.check_tokenizer_fits(tokenizer, model_cfg.vocab_size)
-
-  train_features = load_features(train_src, config, cfg, tokenizer)
-  eval_features = load_features(val_src, config, cfg, tokenizer) if val_src else []
+  setup = common.prepare(config, workdir)
+  rt, workdir = setup.rt, setup.workdir
+  train_features = load_features(train_src, config, cfg, setup.tokenizer)
+  eval_features = load_features(val_src, config, cfg, setup.tokenizer) if val_src else []
   if not train_features:
     raise ConfigError(f"no usable training pairs in {train_src} (see the log for why)")
 
@@ -169,26 +161,20 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                     out_shardings=parts.param_shardings)(parts.params)
     frozen = (ref, parts.param_shardings)
 
-  def export(params):
-    out = workdir / "hf"
-    hf.save_hf_model(state_lib.merge_model(parts, params), out,
-                     dtype=config.train.export_dtype, tokenizer=tok_dir)
-    logging.info("exported the trained policy to %s", out)
-
   trainer = loop.Trainer(
       config, workdir, rt, parts, functools.partial(preference_loss, cfg=cfg, chunk_size=chunk,
                                                     vocab_chunk=vocab_chunk),
-      train_features, eval_features, flops_per_token=model_cfg.flops_per_token(config.train.seq_len),
-      export_fn=export, frozen=frozen)
+      train_features, eval_features,
+      flops_per_token=setup.model_cfg.flops_per_token(config.train.seq_len),
+      export_fn=common.hf_exporter(setup, parts, config, "trained policy"), frozen=frozen)
   result = trainer.run()
   trainer.close()
-  summary = {"status": result.status, "step": result.step, "loss_type": cfg.loss_type,
-             "train": result.last_metrics, "eval": result.eval_metrics,
-             "pairs": {"train": len(train_features), "validation": len(eval_features)}}
-  if jax.process_index() == 0:
-    (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"{config.task}: {result.status} at step {result.step}; {cfg.loss_type} loss"
-          f" {result.last_metrics.get('loss', float('nan')):.4f}; reward accuracy"
-          f" {result.last_metrics.get('reward_accuracy', float('nan')):.3f}; eval"
-          f" {result.eval_metrics}")
+  summary = common.training_summary(
+      result, loss_type=cfg.loss_type,
+      pairs={"train": len(train_features), "validation": len(eval_features)})
+  accuracy = result.last_metrics.get("reward_accuracy", float("nan"))
+  common.write_summary(
+      workdir / "summary.json", summary,
+      f"{common.result_line(config, result, loss=f'{cfg.loss_type} loss')}; reward accuracy"
+      f" {accuracy:.3f}; eval {result.eval_metrics}")
   return summary

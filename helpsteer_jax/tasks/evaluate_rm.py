@@ -21,14 +21,13 @@ import jax
 import ml_collections
 from absl import logging
 
-from helpsteer_jax import multihost, reward_runtime, runtime
+from helpsteer_jax import multihost, reward_runtime
 from helpsteer_jax.data.formats import helpsteer, preference
 from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.eval import rm_eval, rm_report
-from helpsteer_jax.models import hf
-from helpsteer_jax.tasks import acsft
+from helpsteer_jax.tasks import common
 from helpsteer_jax.train import metrics as metrics_lib
 
 
@@ -41,28 +40,20 @@ def _warn(report: BadRecordReport, what: str) -> int:
 def _sources(config, workdir: pathlib.Path) -> tuple[str, str, str]:
   data = config.data
   validation, pairs = data.validation_path, data.preference_path
-  if not (validation or pairs or data.rewardbench_path):
-    validation = acsft.resolve_data_paths(config, workdir)[1]
-    demo_dir = pathlib.Path(validation)
-    if jax.process_index() == 0 and not (demo_dir / "preference").exists():
-      from helpsteer_jax.data.demo import rows as demo_rows
-      demo_rows.write_demo_preference(demo_dir, data.demo_train_rows, data.demo_validation_rows)
-    runtime.sync("demo_preference")
-    pairs = validation
+  if not (validation or pairs or data.rewardbench_path):  # the demo rows and pairs
+    validation = common.helpsteer_sources(config, workdir)[1]
+    pairs = common.preference_sources(config, workdir)[1]
   return validation, pairs, data.rewardbench_path
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  workdir = pathlib.Path(workdir)
   reward_runtime.require_trained(config, "evaluation")
   weights = tuple(float(w) for w in config.reward_weights)
   if len(weights) != len(ATTRIBUTES):
     raise ConfigError(f"reward_weights has {len(weights)} values; give one per attribute"
                       f" ({', '.join(ATTRIBUTES)})")
-  rt = runtime.setup(config)
-  runtime.check_workdir(workdir)
-  tokenizer = hf.load_tokenizer(runtime.tokenizer_dir(config, workdir))
-  data = config.data
+  setup = common.prepare(config, workdir, model=False)
+  workdir, data = setup.workdir, config.data
   validation, pairs_path, rewardbench_path = _sources(config, workdir)
   bad = BadRecordReport()
   sets = {}
@@ -77,7 +68,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         rewardbench_path, data.rewardbench_split, data.on_bad_record, bad)
   _warn(bad, "evaluation data")
 
-  scorer, tok = reward_runtime.build_scorer(config, rt, tokenizer)
+  scorer, tok = reward_runtime.build_scorer(config, setup.rt, setup.tokenizer)
   total = sum(len(v) if k == "attributes" else 2 * sum(p.strength != 0 for p in v)
               for k, v in sets.items())
   progress = metrics_lib.Progress(total=total, initial=0, desc="evaluate_rm")
@@ -99,8 +90,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   finally:
     progress.close()
   multihost.report_split("evaluate_rm: sequences scored", scorer.local_rows)
-  if jax.process_index() == 0:
-    rm_report.write_json(workdir / "rm_report.json", report)
-    print("\n\n".join(tables))
-    print(f"evaluate_rm: report in {workdir / 'rm_report.json'}")
+  common.write_summary(workdir / "rm_report.json", report, "\n\n".join(tables),
+                       f"evaluate_rm: report in {workdir / 'rm_report.json'}")
   return report

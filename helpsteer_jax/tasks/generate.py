@@ -28,13 +28,14 @@ from helpsteer_jax import multihost, resume, runtime
 from helpsteer_jax.data.demo import rows as demo_rows
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import best_of_n as best_of_n_lib
-from helpsteer_jax.inference.attribute_scorer import load_scorer
 from helpsteer_jax.inference import chat as chat_lib
 from helpsteer_jax.inference import loading, steering
+from helpsteer_jax.inference.attribute_scorer import load_scorer
 from helpsteer_jax.inference.decode import Decoder
 from helpsteer_jax.inference.generator import Generator
 from helpsteer_jax.inference.sampling import SamplingConfig
 from helpsteer_jax.models import hf
+from helpsteer_jax.tasks import common
 
 MODES = ("file", "chat")
 
@@ -120,9 +121,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     raise ConfigError("--config.input=- (stdin): each process would read its own standard"
                       " input; with several processes give a file every process can read")
   requests = read_input(config, attributes) if config.mode == "file" else []
-  runtime.check_workdir(workdir)
-  rt = runtime.setup(config)
-  generator = build_generator(config, rt, workdir)
+  setup = common.prepare(config, workdir, tokenizer=False, model=False)
+  generator = build_generator(config, setup.rt, workdir)
 
   if config.mode == "chat":
     def respond(prompt: str) -> str:

@@ -7,9 +7,6 @@ logit shapes and the model's top next tokens, and writes the same summary to
 
 from __future__ import annotations
 
-import json
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -19,14 +16,14 @@ from flax import nnx
 from helpsteer_jax import runtime
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.models import builder
+from helpsteer_jax.tasks import common
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  rt = runtime.setup(config)
+  setup = common.prepare(config, workdir, model=False)
+  rt, tok = setup.rt, setup.tokenizer
   sharding_lib.check_batch(config.batch_size, rt.mesh, rt.rules)
   model = runtime.build_model(config, rt)
-  from transformers import AutoTokenizer
-  tok = AutoTokenizer.from_pretrained(runtime.tokenizer_dir(config, workdir))
   ids = tok(config.prompt).input_ids
   tokens = np.full((config.batch_size, len(ids)), tok.pad_token_id or 0, np.int32)
   tokens[:] = ids
@@ -54,12 +51,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       "top_next_tokens": [tok.decode([int(t)]) for t in top],
       "params": params,
   }
-  print(f"parameters: {summary['num_params']:,}  mesh: {summary['mesh']}")
-  for name, desc in list(params.items())[:8]:
-    print(f"  {name:40s} {desc}")
-  print(f"hidden: {summary['hidden']}\nlogits (last position): {summary['logits_last']}")
-  print(f"top next tokens: {summary['top_next_tokens']}")
-  out = pathlib.Path(workdir)
-  out.mkdir(parents=True, exist_ok=True)
-  (out / "model_smoke.json").write_text(json.dumps(summary, indent=2))
+  common.write_summary(
+      setup.workdir / "model_smoke.json", summary,
+      f"parameters: {summary['num_params']:,}  mesh: {summary['mesh']}",
+      *(f"  {name:40s} {desc}" for name, desc in list(params.items())[:8]),
+      f"hidden: {summary['hidden']}\nlogits (last position): {summary['logits_last']}",
+      f"top next tokens: {summary['top_next_tokens']}")
   return summary

@@ -1,0 +1,135 @@
+"""What every task does around its own work: setup, demo sources, HF export, the summary.
+
+`prepare` is the preamble (mesh and rules, a writable workdir, the tokenizer
+and the model config checked against each other). The `*_sources` helpers
+return the configured data, or write the demo data once (process 0) and
+return it. `hf_exporter` is the end-of-training HF export; `write_summary`
+writes a task's JSON summary from process 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+from typing import Any, Callable
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+from helpsteer_jax import runtime
+from helpsteer_jax.data.demo import pairs_2d as demo_pairs_2d
+from helpsteer_jax.data.demo import rows as demo_rows
+from helpsteer_jax.models import hf
+from helpsteer_jax.models.config import ModelConfig
+from helpsteer_jax.train import state as state_lib
+
+
+@dataclasses.dataclass
+class TaskSetup:
+  workdir: pathlib.Path
+  rt: runtime.Runtime
+  tokenizer_dir: str | None = None
+  tokenizer: Any = None
+  model_cfg: ModelConfig | None = None
+
+
+def prepare(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
+            tokenizer: bool = True, model: bool = True) -> TaskSetup:
+  """Mesh and rules, the workdir checked, the tokenizer loaded and checked against the model."""
+  setup = TaskSetup(pathlib.Path(workdir), runtime.setup(config))
+  runtime.check_workdir(setup.workdir)
+  if tokenizer:
+    setup.tokenizer_dir = runtime.tokenizer_dir(config, setup.workdir)
+    setup.tokenizer = hf.load_tokenizer(setup.tokenizer_dir)
+  if model:
+    setup.model_cfg = runtime.model_config(config)
+    if tokenizer:
+      runtime.check_tokenizer_fits(setup.tokenizer, setup.model_cfg.vocab_size)
+  return setup
+
+
+# ---------------------------------------------------------------- data sources
+
+
+def helpsteer_sources(config: ml_collections.ConfigDict,
+                      workdir: pathlib.Path) -> tuple[str, str]:
+  """(train, validation) HelpSteer-format sources; the demo rows when none is configured."""
+  data = config.data
+  if data.train_path:
+    return data.train_path, data.validation_path
+  demo_dir = runtime.write_once(workdir / "demo_data", "validation.jsonl.gz", lambda d: (
+      demo_rows.write_demo_dataset(d, data.demo_train_rows, data.demo_validation_rows)))
+  return str(demo_dir), str(demo_dir)
+
+
+def preference_sources(config: ml_collections.ConfigDict,
+                       workdir: pathlib.Path) -> tuple[str, str]:
+  """(train, validation) HelpSteer2-Preference sources; the demo pairs when none is configured."""
+  data = config.data
+  if data.train_path:
+    return data.train_path, data.validation_path
+  demo_dir = runtime.write_once(workdir / "demo_data", "preference/preference.jsonl.gz", lambda d: (
+      demo_rows.write_demo_preference(d, data.demo_train_rows, data.demo_validation_rows)))
+  return str(demo_dir), str(demo_dir)
+
+
+def demo_2d_files(workdir: pathlib.Path, num_train: int, num_validation: int) -> tuple[str, str]:
+  """(train, validation) HelpSteer-2D demo files, written once."""
+  demo_dir = runtime.write_once(workdir / "demo_2d", "validation.jsonl", lambda d: (
+      demo_pairs_2d.write_demo_2d(d, num_train, num_validation)))
+  return str(demo_dir / "train.jsonl"), str(demo_dir / "validation.jsonl")
+
+
+# ---------------------------------------------------------------- outputs
+
+
+def hf_exporter(setup: TaskSetup, parts: state_lib.ModelParts, config: ml_collections.ConfigDict,
+                what: str = "trained model") -> Callable[[Any], None]:
+  """`export(params)`: the trained parameters as an HF directory in `<workdir>/hf`."""
+
+  def export(params) -> None:
+    out = setup.workdir / "hf"
+    hf.save_hf_model(state_lib.merge_model(parts, params), out,
+                     dtype=config.train.export_dtype, tokenizer=setup.tokenizer_dir)
+    logging.info("exported the %s to %s", what, out)
+
+  return export
+
+
+def _plain(x):
+  """JSON-ready: numpy scalars as Python numbers, NaN as null."""
+  if isinstance(x, dict):
+    return {k: _plain(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_plain(v) for v in x]
+  if isinstance(x, (float, np.floating)):
+    return None if math.isnan(float(x)) else float(x)
+  if isinstance(x, np.integer):
+    return int(x)
+  return x
+
+
+def write_summary(path: str | pathlib.Path, summary: dict, *lines: str) -> None:
+  """Process 0 writes `summary` to `path` (indented JSON) and prints `lines`."""
+  if jax.process_index() != 0:
+    return
+  pathlib.Path(path).write_text(json.dumps(_plain(summary), indent=2) + "\n")
+  for line in lines:
+    print(line)
+
+
+def training_summary(result, **extra) -> dict:
+  """The fields every training task's summary.json starts with."""
+  return {"status": result.status, "step": result.step, "train": result.last_metrics,
+          "eval": result.eval_metrics, **extra}
+
+
+def result_line(config: ml_collections.ConfigDict, result, task: str = "",
+                loss: str = "loss") -> str:
+  """`task: finished at step N; loss X`, the first line a training task prints."""
+  value = result.last_metrics.get("loss", float("nan"))
+  return f"{task or config.task}: {result.status} at step {result.step}; {loss} {value:.4f}"
