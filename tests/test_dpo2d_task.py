@@ -11,6 +11,7 @@ import pytest
 
 from conftest import REPO_ROOT
 from helpsteer_jax import runtime
+from helpsteer_jax.data.batches import REFERENCE_INPUT
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import hf
 from helpsteer_jax.tasks import dpo2d as task
@@ -85,9 +86,9 @@ def test_reference_cache_is_reused_and_invalidated(tmp_path):
   config = _config()
   rt = runtime.setup(config)
   parts = state_lib.split_model(runtime.build_model(config, rt), rt.mesh, rt.rules)
-  features = [{k: np.zeros((2, 32), np.int32) for k in reference.INPUT_KEYS[:-1]}
-              | {"seg_mask": np.ones((2, 4), np.float32)} for _ in range(6)]
+  features = [REFERENCE_INPUT.zeros_example(length=32, segments=4) for _ in range(6)]
   for i, f in enumerate(features):
+    f["seg_mask"][:] = 1
     f["inputs"][:] = i + 3
     f["segment_ids"][:] = 1
     f["token_segments"][:, :8] = 1

@@ -63,6 +63,7 @@ def test_annotation_killed_mid_way_resumes_without_duplicates_or_gaps(tmp_path):
 _REFERENCE_SETUP = """
     import numpy as np
     from helpsteer_jax import runtime
+    from helpsteer_jax.data.batches import REFERENCE_INPUT
     from helpsteer_jax.train import reference
     from helpsteer_jax.train import state as state_lib
     from test_dpo2d_task import _config
@@ -70,8 +71,8 @@ _REFERENCE_SETUP = """
     def features(n=24):
       out = []
       for i in range(n):
-        f = {k: np.zeros((2, 32), np.int32) for k in reference.INPUT_KEYS[:-1]}
-        f["seg_mask"] = np.ones((2, 4), np.float32)
+        f = REFERENCE_INPUT.zeros_example(length=32, segments=4)
+        f["seg_mask"][:] = 1
         f["inputs"][:] = np.arange(32) % (i + 5) + 3
         f["segment_ids"][:] = 1
         f["token_segments"][:, 4:20] = 1 + (np.arange(16) % 3)

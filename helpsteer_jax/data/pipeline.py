@@ -1,8 +1,8 @@
 """Tokenized examples -> packed or padded batches, with grain.
 
-Each example is a dict of per-token features (next-token `inputs`,
-`targets`, `weights` for SFT; whatever else a task needs, e.g. per-token
-labels), shuffled per epoch from a seed, packed first-fit into rows of
+Each example is a dict of per-token features (a task's batch schema in
+`data.batches`, e.g. next-token `inputs`, `targets`, `weights` for SFT),
+shuffled per epoch from a seed, packed first-fit into rows of
 `seq_len` with segment ids and per-segment positions (or padded, one example
 per row; or taken as they are when already fixed-shape rows), and batched
 into GLOBAL batches. Every process computes the same global batch (packing is
@@ -21,10 +21,6 @@ from typing import Iterator, Sequence
 
 import grain
 import numpy as np
-
-FEATURES = ("inputs", "targets", "weights")
-BATCH_KEYS = ("inputs", "targets", "weights", "segment_ids", "positions")
-
 
 def _pad_row(features: dict[str, np.ndarray], seq_len: int) -> dict[str, np.ndarray]:
   """One example per row, right-padded. An example may bring its own
@@ -60,7 +56,7 @@ class PipelineConfig:
 
 
 def _rows(ds: grain.IterDataset, cfg: PipelineConfig, drop_remainder: bool,
-          keys: Sequence[str] = FEATURES) -> grain.IterDataset:
+          keys: Sequence[str]) -> grain.IterDataset:
   if cfg.fixed_shape:
     return ds.batch(cfg.rows, drop_remainder=drop_remainder)
   if cfg.packing:
@@ -86,9 +82,10 @@ def training_dataset(features: Sequence[dict[str, np.ndarray]], cfg: PipelineCon
 
 def evaluation_batches(features: Sequence[dict[str, np.ndarray]], cfg: PipelineConfig) -> Iterator[dict[str, np.ndarray]]:
   """One pass in order; the last batch is padded with empty rows (weight 0)."""
+  if not len(features):
+    return
   ds = grain.MapDataset.source(list(features)).to_iter_dataset()
-  keys = tuple(features[0]) if len(features) else FEATURES
-  for batch in _rows(ds, cfg, drop_remainder=False, keys=keys):
+  for batch in _rows(ds, cfg, drop_remainder=False, keys=tuple(features[0])):
     n = len(batch["inputs"])
     if n < cfg.rows:
       batch = {k: np.concatenate([v, np.zeros((cfg.rows - n,) + v.shape[1:], v.dtype)])

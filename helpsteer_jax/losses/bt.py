@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from helpsteer_jax.data.batches import BT_BATCH
 from helpsteer_jax.data.records import ATTRIBUTES, CHOSEN, REJECTED
 
 BT_VARIANTS = ("regular_bt", "margin_bt", "scaled_bt")
@@ -52,9 +53,11 @@ def bt_loss(model: nnx.Module, batch: dict[str, jax.Array], variant: str = "regu
             attribute: str = "helpfulness"):
   """Summed pair losses of a micro-batch; `weight` = number of pairs."""
   slot = ATTRIBUTES.index(attribute)
-  rewards = model(batch["inputs"], batch["positions"], batch["segment_ids"])[..., slot]
-  r_c, r_r, m, has_pair = pair_rewards(rewards, batch["pair"], batch["margin"])
-  losses = bt_pair_losses(r_c, r_r, m, variant) * has_pair
-  correct = jnp.sum(has_pair * (r_c > r_r))
-  return jnp.sum(losses), {"weight": jnp.sum(has_pair), "accuracy": correct,
-                           "reward_gap": jnp.sum(has_pair * (r_c - r_r))}
+  b = BT_BATCH.view(batch)
+  rewards = model(b.inputs, b.positions, b.segment_ids)[..., slot]
+  with jax.named_scope("bt_loss"):
+    r_c, r_r, m, has_pair = pair_rewards(rewards, b.pair, b.margin)
+    losses = bt_pair_losses(r_c, r_r, m, variant) * has_pair
+    correct = jnp.sum(has_pair * (r_c > r_r))
+    return jnp.sum(losses), {"weight": jnp.sum(has_pair), "accuracy": correct,
+                             "reward_gap": jnp.sum(has_pair * (r_c - r_r))}

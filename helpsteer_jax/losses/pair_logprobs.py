@@ -1,12 +1,11 @@
-"""The preference loss on the model: one policy forward for chosen and rejected.
+"""The pair loss on the model: one policy forward for chosen and rejected.
 
-A batch holds pairs: `inputs`, `targets`, `positions`, `segment_ids` and
-`token_segments` are [B, 2, T] (chosen row, rejected row); `seg_scores`
-[B, 2, S, A], `seg_mask` [B, 2, S], `lengths` [B, 2], `pair_weight` [B, 2],
-and, unless the reference runs on the fly, `ref_logps` [B, 2, S] (the
-reference's per-segment log-prob sums, precomputed). The pair axis is folded
-into the batch (rows 2i, 2i+1 are pair i, so a batch-sharded layout stays
-local) and the policy runs once over all 2B rows.
+A batch holds pairs (`data.batches.PAIR_BATCH`: token rows [B, 2, T],
+per-segment scores and masks, and, unless the reference runs on the fly,
+`CACHED_PAIR_BATCH`'s `ref_logps` [B, 2, S], the reference's per-segment
+log-prob sums). The pair axis is folded into the batch (rows 2i, 2i+1 are
+pair i, so a batch-sharded layout stays local) and the policy runs once over
+all 2B rows.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from helpsteer_jax.data.batches import CACHED_PAIR_BATCH, PAIR_BATCH, REFERENCE_INPUT
 from helpsteer_jax.losses import dpo2d
 from helpsteer_jax.losses.logprobs import segment_logprob_sums
 
@@ -28,11 +28,12 @@ def _fold(x: jax.Array) -> jax.Array:
 def model_segment_logps(model: nnx.Module, batch: dict[str, jax.Array],
                         chunk_size: int = 256, vocab_chunk: int = 0) -> jax.Array:
   """Per-segment log-prob sums [B, 2, S] of both responses, one forward."""
-  b, s = batch["seg_mask"].shape[0], batch["seg_mask"].shape[-1]
-  hidden = model(_fold(batch["inputs"]), _fold(batch["positions"]), _fold(batch["segment_ids"]))
-  sums = segment_logprob_sums(hidden, model.head_weight(), _fold(batch["targets"]),
-                              _fold(batch["token_segments"]), s, chunk_size, vocab_chunk)
-  return sums.reshape(b, 2, s)
+  b = REFERENCE_INPUT.view(batch)
+  pairs, s = b.seg_mask.shape[0], b.seg_mask.shape[-1]
+  hidden = model(_fold(b.inputs), _fold(b.positions), _fold(b.segment_ids))
+  sums = segment_logprob_sums(hidden, model.head_weight(), _fold(b.targets),
+                              _fold(b.token_segments), s, chunk_size, vocab_chunk)
+  return sums.reshape(pairs, 2, s)
 
 
 def preference_loss(model: nnx.Module, batch: dict[str, jax.Array], reference: Any = None, *,
@@ -45,17 +46,19 @@ def preference_loss(model: nnx.Module, batch: dict[str, jax.Array], reference: A
   the vocabulary projection instead of the sequence (less memory for large
   vocabularies).
   """
+  b = (CACHED_PAIR_BATCH if reference is None else PAIR_BATCH).view(batch)
   policy = model_segment_logps(model, batch, chunk_size, vocab_chunk)
   if reference is None:
-    ref = batch["ref_logps"]
+    ref = b.ref_logps
   else:
     graphdef, _, rest = nnx.split(model, nnx.Param, ...)
     ref_model = nnx.merge(graphdef, jax.lax.stop_gradient(reference), rest)
     ref = jax.lax.stop_gradient(model_segment_logps(ref_model, batch, chunk_size, vocab_chunk))
-  inputs = dpo2d.PairInputs(policy=policy, reference=ref, scores=batch["seg_scores"],
-                            mask=batch["seg_mask"] > 0, lengths=batch["lengths"],
-                            pair_weight=batch["pair_weight"][:, 0])
-  losses, metrics = dpo2d.pair_losses(inputs, cfg)
-  sums = {k: jnp.sum(v) for k, v in metrics.items()}
-  sums["weight"] = jnp.sum(batch["pair_weight"][:, 0])
-  return jnp.sum(losses), sums
+  with jax.named_scope("preference_loss"):
+    inputs = dpo2d.PairInputs(policy=policy, reference=ref, scores=b.seg_scores,
+                              mask=b.seg_mask > 0, lengths=b.lengths,
+                              pair_weight=b.pair_weight[:, 0])
+    losses, metrics = dpo2d.pair_losses(inputs, cfg)
+    sums = {k: jnp.sum(v) for k, v in metrics.items()}
+    sums["weight"] = jnp.sum(b.pair_weight[:, 0])
+    return jnp.sum(losses), sums

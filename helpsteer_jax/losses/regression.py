@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from helpsteer_jax.data.batches import REGRESSION_BATCH
 from helpsteer_jax.data.records import IGNORE_LABEL
 
 
@@ -40,9 +41,11 @@ def regression_loss(model: nnx.Module, batch: dict[str, jax.Array]):
   token of each (packed) sequence, where the head is read. The loop divides
   by the label count of the whole global batch, i.e. the issue's formula.
   """
-  preds = model(batch["inputs"], batch["positions"], batch["segment_ids"])
-  readout = (batch["readout"] * (batch["segment_ids"] > 0))[..., None]
-  total, count = masked_mse_sums(preds, batch["labels"], readout)
-  mask = (batch["labels"] != IGNORE_LABEL) * readout
-  abs_err = jnp.sum(mask * jnp.abs(preds - batch["labels"]))
-  return total, {"weight": count, "mae": abs_err}
+  b = REGRESSION_BATCH.view(batch)
+  preds = model(b.inputs, b.positions, b.segment_ids)
+  with jax.named_scope("regression_loss"):
+    readout = (b.readout * (b.segment_ids > 0))[..., None]
+    total, count = masked_mse_sums(preds, b.labels, readout)
+    mask = (b.labels != IGNORE_LABEL) * readout
+    abs_err = jnp.sum(mask * jnp.abs(preds - b.labels))
+    return total, {"weight": count, "mae": abs_err}

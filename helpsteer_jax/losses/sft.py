@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from helpsteer_jax.data.batches import SFT_BATCH
 from helpsteer_jax.losses.logprobs import weighted_nll
 
 
@@ -16,7 +17,9 @@ def sft_loss(model: nnx.Module, batch: dict[str, jax.Array], chunk_size: int = 2
   i.e. the loss is the mean over all loss tokens of the batch (NeMo's
   token-level average), whatever the micro-batching.
   """
-  hidden = model(batch["inputs"], batch["positions"], batch["segment_ids"])
-  weights = batch["weights"] * (batch["segment_ids"] > 0)
-  total = weighted_nll(hidden, model.head_weight(), batch["targets"], weights, chunk_size)
-  return total, {"weight": jnp.sum(weights)}
+  b = SFT_BATCH.view(batch)
+  hidden = model(b.inputs, b.positions, b.segment_ids)
+  with jax.named_scope("sft_loss"):
+    weights = b.weights * (b.segment_ids > 0)
+    total = weighted_nll(hidden, model.head_weight(), b.targets, weights, chunk_size)
+    return total, {"weight": jnp.sum(weights)}

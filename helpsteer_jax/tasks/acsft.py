@@ -9,15 +9,17 @@ trains with the shared loop. Ends with a checkpoint and an HF export.
 from __future__ import annotations
 
 import functools
+import pathlib
 
-import jax.numpy as jnp
 import ml_collections
 from absl import logging
 from flax import nnx
 
 from helpsteer_jax import runtime
 from helpsteer_jax.data import pipeline
+from helpsteer_jax.data.batches import SFT_BATCH, BatchSchema
 from helpsteer_jax.data.features.next_token import sft_features
+from helpsteer_jax.data.features.tokenize import FeatureReport
 from helpsteer_jax.data.formats.helpsteer import load_conversations
 from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.losses.sft import sft_loss
@@ -31,33 +33,44 @@ def loss_fn(config: ml_collections.ConfigDict) -> loop.LossFn:
   return functools.partial(sft_loss, chunk_size=config.train.loss_chunk_size)
 
 
+def batch_schema(config: ml_collections.ConfigDict) -> tuple[BatchSchema, dict[str, int]]:
+  """The step's batch: its schema and axis sizes."""
+  return SFT_BATCH, {"length": config.train.seq_len}
+
+
 def abstract_train_step(config: ml_collections.ConfigDict,
                         rt: runtime.Runtime) -> abstract_step.StepSpec:
   """The AC-SFT step on abstract weights and batches (compile-only runs)."""
   model_cfg = runtime.model_config(config, weights=False)
-  seq_len = config.train.seq_len
-  fields = {k: ((seq_len,), jnp.int32) for k in pipeline.BATCH_KEYS}
-  fields["weights"] = ((seq_len,), jnp.float32)
+  schema, dims = batch_schema(config)
   return abstract_step.trainer_step_spec(
-      config, rt, lambda: Llama(model_cfg, rngs=nnx.Rngs(0)), loss_fn(config), fields,
-      model_cfg.flops_per_token(seq_len))
+      config, rt, lambda: Llama(model_cfg, rngs=nnx.Rngs(0)), loss_fn(config),
+      schema.row_fields(**dims), model_cfg.flops_per_token(config.train.seq_len))
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  setup = common.prepare(config, workdir)
-  train_src, val_src = common.helpsteer_sources(config, setup.workdir)
-  seq_len = config.train.seq_len
-  make = functools.partial(sft_features, tokenizer=setup.tokenizer, seq_len=seq_len,
+def load_data(config: ml_collections.ConfigDict, workdir: pathlib.Path, tokenizer
+              ) -> tuple[list, list, FeatureReport, BadRecordReport]:
+  """(train examples, validation examples, the train report, bad records)."""
+  train_src, val_src = common.helpsteer_sources(config, workdir)
+  make = functools.partial(sft_features, tokenizer=tokenizer, seq_len=config.train.seq_len,
                            truncation=config.data.truncation, add_bos=config.data.add_bos)
   bad_records = BadRecordReport()
   train_features, train_report = make(load_conversations(train_src, "train", config, bad_records))
-  fill = pipeline.packing_efficiency(train_features, seq_len, config.data.packing)
-  logging.info("train data: %s; packing efficiency %.1f%%", train_report.summary(), 100 * fill)
   eval_features = []
   if val_src:
     eval_features, val_report = make(load_conversations(val_src, config.data.validation_split,
                                                         config, bad_records))
     logging.info("validation data: %s", val_report.summary())
+  return train_features, eval_features, train_report, bad_records
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  setup = common.prepare(config, workdir)
+  train_features, eval_features, train_report, bad_records = load_data(
+      config, setup.workdir, setup.tokenizer)
+  seq_len = config.train.seq_len
+  fill = pipeline.packing_efficiency(train_features, seq_len, config.data.packing)
+  logging.info("train data: %s; packing efficiency %.1f%%", train_report.summary(), 100 * fill)
 
   model = runtime.build_model(config, setup.rt)
   parts = state_lib.split_model(model, setup.rt.mesh, setup.rt.rules)

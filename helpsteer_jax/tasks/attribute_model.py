@@ -16,7 +16,6 @@ import pathlib
 
 import jax
 import ml_collections
-import numpy as np
 from absl import logging
 from flax import nnx
 
@@ -25,7 +24,8 @@ from helpsteer_jax.data.features import rm as rm_data
 from helpsteer_jax.data.formats import preference
 from helpsteer_jax.data.formats.helpsteer import load_conversations
 from helpsteer_jax.data.formats.rows import BadRecordReport
-from helpsteer_jax.data.records import ATTRIBUTES, IGNORE_LABEL
+from helpsteer_jax.data.batches import BT_BATCH, REGRESSION_BATCH, BatchSchema
+from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.eval import rm_eval, rm_report
 from helpsteer_jax.inference.scoring import RewardModelScorer
@@ -111,25 +111,21 @@ def loss_fn(config: ml_collections.ConfigDict) -> loop.LossFn:
   return functools.partial(bt_loss, variant=config.loss, attribute=config.bt_attribute)
 
 
+def batch_schema(config: ml_collections.ConfigDict) -> tuple[BatchSchema, dict[str, int]]:
+  """The step's batch: its schema and axis sizes."""
+  schema = REGRESSION_BATCH if config.loss == "regression" else BT_BATCH
+  return schema, {"length": config.train.seq_len}
+
+
 def abstract_train_step(config: ml_collections.ConfigDict,
                         rt: runtime.Runtime) -> abstract_step.StepSpec:
   """The attribute-model (or BT) step on abstract weights and batches."""
   check_config(config)
   model_cfg = runtime.model_config(config, weights=False)
-  n = config.train.seq_len
-  if config.loss == "regression":  # one conversation, labels at its last token
-    example = {"inputs": np.zeros(n, np.int32),
-               "labels": np.full((n, len(ATTRIBUTES)), IGNORE_LABEL, np.float32),
-               "readout": np.zeros(n, np.float32)}
-  else:  # a pair: chosen then rejected in one row
-    half = n // 2
-    example = {"inputs": np.zeros(n, np.int32),
-               "segment_ids": np.repeat(np.asarray([1, 2], np.int32), [half, n - half]),
-               "positions": np.concatenate([np.arange(half), np.arange(n - half)]).astype(np.int32),
-               "pair": np.zeros(n, np.int32), "margin": np.zeros(n, np.float32)}
+  schema, dims = batch_schema(config)
   return abstract_step.trainer_step_spec(
       config, rt, lambda: reward.reward_model(model_cfg, config.seed), loss_fn(config),
-      abstract_step.batch_fields(config, example), reward.flops_per_token(model_cfg, n))
+      schema.row_fields(**dims), reward.flops_per_token(model_cfg, config.train.seq_len))
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:

@@ -17,11 +17,11 @@ import pathlib
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 from absl import logging
 from flax import nnx
 
 from helpsteer_jax import runtime
+from helpsteer_jax.data.batches import CACHED_PAIR_BATCH, PAIR_BATCH, BatchSchema
 from helpsteer_jax.data.features import pair_rows
 from helpsteer_jax.data.formats import helpsteer_2d
 from helpsteer_jax.data.formats.rows import BadRecordReport
@@ -97,6 +97,14 @@ def _with_reference(features, ref):
   return [dict(f, ref_logps=r) for f, r in zip(features, ref)]
 
 
+def batch_schema(config: ml_collections.ConfigDict) -> tuple[BatchSchema, dict[str, int]]:
+  """The step's batch: pairs, with the cached reference log-probs unless it runs on the fly."""
+  cached = config.reference.mode != "on_the_fly"
+  return (CACHED_PAIR_BATCH if cached else PAIR_BATCH), {
+      "length": config.train.seq_len, "segments": config.data.max_segments,
+      "aspects": len(loss_config(config, csv=False).aspects)}
+
+
 def abstract_train_step(config: ml_collections.ConfigDict,
                         rt: runtime.Runtime) -> abstract_step.StepSpec:
   """The preference step on abstract weights and batches (compile-only runs).
@@ -106,14 +114,9 @@ def abstract_train_step(config: ml_collections.ConfigDict,
   """
   cfg = loss_config(config, csv=False)
   model_cfg = runtime.model_config(config, weights=False)
-  n, segments = config.train.seq_len, config.data.max_segments
-  example = {k: np.zeros((2, n), np.int32) for k in pair_rows.ROW_KEYS}
-  example.update(seg_scores=np.zeros((2, segments, len(cfg.aspects)), np.float32),
-                 seg_mask=np.zeros((2, segments), np.float32),
-                 lengths=np.zeros(2, np.float32), pair_weight=np.ones(2, np.float32))
+  n = config.train.seq_len
+  schema, dims = batch_schema(config)
   on_the_fly = config.reference.mode == "on_the_fly"
-  if not on_the_fly:
-    example["ref_logps"] = np.zeros((2, segments), np.float32)
   per_token = model_cfg.flops_per_token(n)
   if on_the_fly:  # plus the reference's forward: a third of a training pass
     per_token *= 4 / 3
@@ -121,7 +124,7 @@ def abstract_train_step(config: ml_collections.ConfigDict,
                            vocab_chunk=config.loss.vocab_chunk_size)
   return abstract_step.trainer_step_spec(
       config, rt, lambda: Llama(model_cfg, rngs=nnx.Rngs(0)), loss,
-      abstract_step.batch_fields(config, example), per_token, tokens_per_row=2 * n,
+      schema.row_fields(**dims), per_token, tokens_per_row=2 * n,
       frozen_params=on_the_fly)
 
 

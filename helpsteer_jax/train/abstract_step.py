@@ -6,9 +6,10 @@ A task that supports compile-only runs exposes
 
 built with `trainer_step_spec` from three things it already has: a factory
 for its module (evaluated abstractly with `nnx.eval_shape`, so no weights
-are read or allocated), its `loss_fn`, and the shapes of one example's
-batch fields. The step is exactly `Trainer`'s (`loop.make_train_step`,
-same shardings, same donation), so what compiles here is what trains.
+are read or allocated), its `loss_fn`, and its batch schema
+(`data.batches`; `BatchSchema.row_fields` gives one row's field shapes).
+The step is exactly `Trainer`'s (`loop.make_train_step`, same shardings,
+same donation), so what compiles here is what trains.
 """
 
 from __future__ import annotations
@@ -18,16 +19,14 @@ from typing import Any, Callable, Mapping
 
 import jax
 import ml_collections
-import numpy as np
 from flax import nnx
 
-from helpsteer_jax.data import pipeline
 from helpsteer_jax.models import builder
 from helpsteer_jax.runtime import Runtime
 from helpsteer_jax.train import loop, optim
 from helpsteer_jax.train import state as state_lib
 
-# field name -> (shape of one row without the batch dims, dtype)
+# field name -> (shape of one row without the batch dims, dtype): BatchSchema.row_fields
 BatchFields = Mapping[str, tuple[tuple[int, ...], Any]]
 
 
@@ -46,20 +45,6 @@ class StepSpec:
   def lower(self) -> jax.stages.Lowered:
     with jax.set_mesh(self.rt.mesh):
       return self.step.lower(*self.args)
-
-
-def batch_fields(config: ml_collections.ConfigDict, example: dict[str, np.ndarray]) -> BatchFields:
-  """Field shapes of one batch row, from the training pipeline itself.
-
-  `example` is one tokenized example as the task's featurizer makes it (its
-  values may be zeros); it goes through the same packing / padding / batching
-  as real data, so the fields are exactly what the compiled step receives.
-  """
-  cfg = pipeline.PipelineConfig(seq_len=config.train.seq_len, rows=1,
-                                packing=config.data.get("packing", True),
-                                fixed_shape=config.data.get("fixed_shape", False))
-  batch = next(iter(pipeline.training_dataset([example], cfg)))
-  return {k: (tuple(v.shape[1:]), v.dtype) for k, v in batch.items()}
 
 
 def trainer_step_spec(config: ml_collections.ConfigDict, rt: Runtime,

@@ -79,6 +79,13 @@ def check_batch_config(tc: ml_collections.ConfigDict, rt: Runtime) -> None:
                       f" train.loss_chunk_size={tc.loss_chunk_size}")
 
 
+def pipeline_config(config: ml_collections.ConfigDict, rows: int) -> pipeline.PipelineConfig:
+  """How `Trainer` batches a task's examples into rows of `train.seq_len`."""
+  return pipeline.PipelineConfig(seq_len=config.train.seq_len, rows=rows,
+                                 packing=config.data.packing, seed=config.seed,
+                                 fixed_shape=config.data.get("fixed_shape", False))
+
+
 def step_batch_sharding(rt: Runtime) -> NamedSharding:
   """Sharding of a step's batch arrays [micro_batches, batch, length, ...]."""
   return NamedSharding(rt.mesh, PartitionSpec(None, *sharding_lib.batch_spec(rt.rules)))
@@ -160,9 +167,8 @@ class Trainer:
     self.tx, self.schedule = optim.make_optimizer(config.optimizer, self.tc.num_steps)
 
     # Every process builds the same global batch and feeds its devices' rows.
-    self.train_data = pipeline.training_dataset(train_features, pipeline.PipelineConfig(
-        seq_len=self.tc.seq_len, rows=self.tc.global_batch, packing=config.data.packing,
-        seed=config.seed, fixed_shape=config.data.get("fixed_shape", False)))
+    self.train_data = pipeline.training_dataset(train_features,
+                                                pipeline_config(config, self.tc.global_batch))
     self.train_iter = iter(self.train_data)
     self.eval_features = list(eval_features)
 
@@ -222,9 +228,7 @@ class Trainer:
   def evaluate(self) -> dict[str, float]:
     if not self.eval_features:
       return {}
-    cfg = pipeline.PipelineConfig(seq_len=self.tc.seq_len, rows=self.tc.micro_batch,
-                                  packing=self.config.data.packing,
-                                  fixed_shape=self.config.data.get("fixed_shape", False))
+    cfg = pipeline_config(self.config, self.tc.micro_batch)
     totals: dict[str, float] = {}
     for i, batch in enumerate(pipeline.evaluation_batches(self.eval_features, cfg)):
       if self.tc.eval_batches and i >= self.tc.eval_batches:

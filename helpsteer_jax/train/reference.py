@@ -28,10 +28,9 @@ from jax.sharding import NamedSharding
 
 from helpsteer_jax import multihost, runtime
 from helpsteer_jax import sharding as sharding_lib
+from helpsteer_jax.data.batches import REFERENCE_INPUT
 from helpsteer_jax.losses.pair_logprobs import model_segment_logps
 from helpsteer_jax.train import state as state_lib
-
-INPUT_KEYS = ("inputs", "targets", "positions", "segment_ids", "token_segments", "seg_mask")
 
 
 def fingerprint(features: Sequence[dict[str, np.ndarray]], model_source: str) -> str:
@@ -94,7 +93,7 @@ def reference_logps(parts: state_lib.ModelParts, features: Sequence[dict[str, np
   for start in todo:
     chunk = features[start:start + rows]
     local += sharding_lib.local_row_count(sharding, rows, len(chunk))
-    batch = {k: np.stack([f[k] for f in chunk]) for k in INPUT_KEYS}
+    batch = {k: np.stack([f[k] for f in chunk]) for k in REFERENCE_INPUT.names}
     if len(chunk) < rows:
       batch = {k: np.concatenate([v, np.zeros((rows - len(chunk),) + v.shape[1:], v.dtype)])
                for k, v in batch.items()}

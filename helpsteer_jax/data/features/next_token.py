@@ -7,15 +7,16 @@ from typing import Sequence
 import numpy as np
 
 from helpsteer_jax.data import template
+from helpsteer_jax.data.batches import SFT_BATCH
 from helpsteer_jax.data.features import tokenize
 from helpsteer_jax.data.records import Conversation
 
 
 def next_token_features(ids: np.ndarray, loss_mask: np.ndarray) -> dict[str, np.ndarray]:
-  """inputs = ids[:-1], targets = ids[1:], weights = loss flags of the targets."""
-  ids = np.asarray(ids, np.int32)
-  return {"inputs": ids[:-1], "targets": ids[1:],
-          "weights": np.asarray(loss_mask[1:], np.float32)}
+  """An SFT_BATCH example: inputs = ids[:-1], targets = ids[1:], weights = the
+  targets' loss flags."""
+  ids = np.asarray(ids)
+  return SFT_BATCH.example(inputs=ids[:-1], targets=ids[1:], weights=loss_mask[1:])
 
 
 def sft_features(conversations: Sequence[Conversation], tokenizer, seq_len: int,

@@ -19,6 +19,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from helpsteer_jax.data import template
+from helpsteer_jax.data.batches import BT_BATCH, REGRESSION_BATCH
 from helpsteer_jax.data.features import tokenize
 from helpsteer_jax.data.features.tokenize import FeatureReport
 from helpsteer_jax.data.formats.preference import PreferencePair
@@ -81,7 +82,7 @@ def regression_features(conversations: Sequence[Conversation], tokenizer, seq_le
     per_token[-1] = labels
     readout = np.zeros(len(ids), np.float32)
     readout[-1] = 1.0
-    features.append({"inputs": ids.astype(np.int32), "labels": per_token, "readout": readout})
+    features.append(REGRESSION_BATCH.example(inputs=ids, labels=per_token, readout=readout))
   return features, report
 
 
@@ -111,9 +112,7 @@ def bt_features(pairs: Sequence[PreferencePair], tokenizer, seq_len: int,
     marks[n_c - 1], marks[-1] = CHOSEN, REJECTED
     margin = np.zeros(n_c + n_r, np.float32)
     margin[n_c - 1] = pair.strength
-    features.append({
-        "inputs": np.concatenate([chosen, rejected]).astype(np.int32),
-        "segment_ids": np.repeat(np.asarray([1, 2], np.int32), [n_c, n_r]),
-        "positions": np.concatenate([np.arange(n_c), np.arange(n_r)]).astype(np.int32),
-        "pair": marks, "margin": margin})
+    features.append(BT_BATCH.example(
+        inputs=np.concatenate([chosen, rejected]), segment_ids=np.repeat([1, 2], [n_c, n_r]),
+        positions=np.concatenate([np.arange(n_c), np.arange(n_r)]), pair=marks, margin=margin))
   return features, report
