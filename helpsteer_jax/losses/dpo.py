@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 
+@jax.named_scope("dpo_sigmoid_loss")
 def dpo_sigmoid_loss(chosen_logratio: jax.Array, rejected_logratio: jax.Array, beta: float,
                      label_smoothing: float = 0.0) -> jax.Array:
   """Per-pair DPO loss (TRL sigmoid, optional label smoothing)."""
@@ -27,6 +28,7 @@ def dpo_sigmoid_loss(chosen_logratio: jax.Array, rejected_logratio: jax.Array, b
           - label_smoothing * jax.nn.log_sigmoid(-beta * h))
 
 
+@jax.named_scope("ipo_loss")
 def ipo_loss(chosen_logratio: jax.Array, rejected_logratio: jax.Array,
              chosen_length: jax.Array, rejected_length: jax.Array, beta: float) -> jax.Array:
   """Per-pair IPO loss on length-normalised log-ratios (TRL ipo)."""

@@ -85,6 +85,7 @@ def grouped_terms(lr_w, r_w, mask_w, lr_l, r_l, mask_l, beta: float):
   return terms, valid
 
 
+@jax.named_scope("dpo2d_pair_losses")
 def pair_losses(x: PairInputs, cfg: PreferenceLossConfig) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Per-pair loss [B] and per-pair metrics (sum them; divide by the pair count)."""
   if cfg.loss_type not in LOSS_TYPES:

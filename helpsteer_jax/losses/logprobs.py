@@ -16,6 +16,9 @@ exist only inside one loop iteration, and the log-sum-exp is taken in fp32.
   [hidden, vocab] accumulator exists (large vocabularies, long sequences).
 - `segment_logprob_sums` sums either per segment id in one scatter-add
   (preference losses: per-response or per-sentence sums).
+
+Each runs under a `jax.named_scope` ("fused_logprobs", "fused_logprobs_bwd",
+"fused_nll", "segment_logprob_sums"), so profiles and HLO dumps name them.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ def token_logprobs(hidden: jax.Array, weight: jax.Array, targets: jax.Array,
   return _token_logprobs_fwd(hidden, weight, targets, chunk_size)[0]
 
 
+@jax.named_scope("fused_logprobs")
 def _token_logprobs_fwd(hidden, weight, targets, chunk_size):
   weight = _gathered(weight)
   n, c = _chunks(hidden.shape[1], chunk_size)
@@ -82,6 +86,7 @@ def _token_logprobs_fwd(hidden, weight, targets, chunk_size):
   return logprobs, (hidden, weight, targets, lse)
 
 
+@jax.named_scope("fused_logprobs_bwd")
 def _token_logprobs_bwd(chunk_size, residuals, g):
   hidden, weight, targets, lse = residuals
   n, c = _chunks(hidden.shape[1], chunk_size)
@@ -131,6 +136,7 @@ def token_logprobs_vocab_chunked(hidden: jax.Array, weight: jax.Array, targets: 
   return _vocab_fwd(hidden, weight, targets, vocab_chunk)[0]
 
 
+@jax.named_scope("fused_logprobs")
 def _vocab_fwd(hidden, weight, targets, vocab_chunk):
   w3, n = _vocab_view(weight, vocab_chunk)
   local, which = targets // n, targets % n
@@ -149,6 +155,7 @@ def _vocab_fwd(hidden, weight, targets, vocab_chunk):
   return tgt - lse, (hidden, weight, targets, lse)
 
 
+@jax.named_scope("fused_logprobs_bwd")
 def _vocab_bwd(vocab_chunk, residuals, g):
   hidden, weight, targets, lse = residuals
   w3, n = _vocab_view(weight, vocab_chunk)
@@ -183,13 +190,14 @@ def segment_logprob_sums(hidden: jax.Array, weight: jax.Array, targets: jax.Arra
   scatter-add per row (vmapped, so batch sharding is kept). `vocab_chunk` > 0
   chunks the vocabulary instead of the sequence.
   """
-  if vocab_chunk > 0:
-    lp = token_logprobs_vocab_chunked(hidden, weight, targets, vocab_chunk)
-  else:
-    lp = token_logprobs(hidden, weight, targets, chunk_size)
-  sums = jax.vmap(lambda x, ids: jax.ops.segment_sum(x, ids, num_segments + 1))(
-      lp, token_segments)
-  return sums[:, 1:]
+  with jax.named_scope("segment_logprob_sums"):
+    if vocab_chunk > 0:
+      lp = token_logprobs_vocab_chunked(hidden, weight, targets, vocab_chunk)
+    else:
+      lp = token_logprobs(hidden, weight, targets, chunk_size)
+    sums = jax.vmap(lambda x, ids: jax.ops.segment_sum(x, ids, num_segments + 1))(
+        lp, token_segments)
+    return sums[:, 1:]
 
 
 # ---------------------------------------------------------------------------
@@ -200,16 +208,18 @@ def segment_logprob_sums(hidden: jax.Array, weight: jax.Array, targets: jax.Arra
 def weighted_nll(hidden: jax.Array, weight: jax.Array, targets: jax.Array,
                  weights: jax.Array, chunk_size: int = 256) -> jax.Array:
   """sum over tokens of weights * -log softmax(hidden @ weight)[targets] (fp32)."""
-  weight = _gathered(weight)
-  n, c = _chunks(hidden.shape[1], chunk_size)
+  with jax.named_scope("fused_nll"):
+    weight = _gathered(weight)
+    n, c = _chunks(hidden.shape[1], chunk_size)
 
-  def body(i, total):
-    _, lse, tgt = _chunk_stats(_slice(hidden, i, c), weight, _slice(targets, i, c))
-    return total + jnp.sum((lse - tgt) * _slice(weights, i, c))
+    def body(i, total):
+      _, lse, tgt = _chunk_stats(_slice(hidden, i, c), weight, _slice(targets, i, c))
+      return total + jnp.sum((lse - tgt) * _slice(weights, i, c))
 
-  return unrollable.fori_loop(0, n, body, jnp.zeros((), jnp.float32))
+    return unrollable.fori_loop(0, n, body, jnp.zeros((), jnp.float32))
 
 
+@jax.named_scope("fused_nll")
 def _weighted_nll_fwd(hidden, weight, targets, weights, chunk_size):
   weight = _gathered(weight)
   n, c = _chunks(hidden.shape[1], chunk_size)
@@ -232,6 +242,7 @@ def _weighted_nll_fwd(hidden, weight, targets, weights, chunk_size):
   return total, (dh, dw.astype(weight.dtype))
 
 
+@jax.named_scope("fused_nll_bwd")
 def _weighted_nll_bwd(chunk_size, residuals, g):
   dh, dw = residuals
   return (g * dh).astype(dh.dtype), (g * dw).astype(dw.dtype), None, None

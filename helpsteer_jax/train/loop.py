@@ -123,11 +123,12 @@ def make_train_step(graphdef: nnx.GraphDef, rest: Any, loss_fn: LossFn,
       # A non-finite loss poisons the gradient too, so the update is skipped
       # (`tx` is wrapped in optax.apply_if_finite, see optim.make_optimizer).
       denom = jnp.maximum(sums["weight"], 1.0)
-      scale = jnp.where(jnp.isfinite(sums["loss"]), 1.0 / denom, jnp.nan)
-      grads = jax.tree.map(lambda g: g * scale, grads)
-      grad_norm = optax.global_norm(grads)
-      updates, opt_state = tx.update(grads, state.opt_state, state.params)
-      params = optax.apply_updates(state.params, updates)
+      with jax.named_scope("optimizer_update"):
+        scale = jnp.where(jnp.isfinite(sums["loss"]), 1.0 / denom, jnp.nan)
+        grads = jax.tree.map(lambda g: g * scale, grads)
+        grad_norm = optax.global_norm(grads)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
       metrics = {k: v / denom for k, v in sums.items() if k != "weight"}
       metrics.update(grad_norm=grad_norm, learning_rate=schedule(state.step),
                      weight=sums["weight"], nonfinite_run=opt_state.notfinite_count,
