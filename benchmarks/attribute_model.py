@@ -61,6 +61,7 @@ def jax_worker(conn, hf_dir, head_path, mode, batch, seq, sequences, score_batch
   import jax
   import numpy as np
   from helpsteer_jax import config_base, reward_runtime, runtime
+  from helpsteer_jax.data.batches import REGRESSION_BATCH
   from helpsteer_jax.inference.scoring import RewardModelScorer
   from helpsteer_jax.losses.regression import regression_loss
   from helpsteer_jax.train import loop
@@ -87,7 +88,7 @@ def jax_worker(conn, hf_dir, head_path, mode, batch, seq, sequences, score_batch
       per_token[-1] = lab
       readout = np.zeros(seq, np.float32)
       readout[-1] = 1
-      features.append({"inputs": ids, "labels": per_token, "readout": readout})
+      features.append(REGRESSION_BATCH.example(inputs=ids, labels=per_token, readout=readout))
     parts = state_lib.split_model(model, rt.mesh, rt.rules)
     del model
     trainer = loop.Trainer(config, tempfile.mkdtemp(), rt, parts, regression_loss, features)

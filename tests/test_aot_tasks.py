@@ -7,27 +7,20 @@ one TPU compile (v5e:2x2) covers the on-the-fly reference, whose
 step takes the frozen parameters as an extra argument.
 """
 
-import runpy
-
 import jax
 import pytest
 
-from conftest import REPO_ROOT
 from helpsteer_jax import aot, runtime
 from helpsteer_jax.tasks import attribute_model, dpo2d
+from train_utils import task_config
+
+
+TINY = {"model.num_layers": 1, "train.seq_len": 64, "train.global_batch": 8,
+        "train.micro_batch": 8, "train.loss_chunk_size": 32}
 
 
 def tiny(task, **overrides):
-  config = runpy.run_path(str(REPO_ROOT / "configs" / f"{task}.py"))["get_config"]()
-  config.model.num_layers = 1
-  config.train.update(seq_len=64, global_batch=8, micro_batch=8, loss_chunk_size=32)
-  for key, value in overrides.items():
-    target = config
-    *path, leaf = key.split(".")
-    for part in path:
-      target = target[part]
-    target[leaf] = value
-  return config
+  return task_config(task, {**TINY, **overrides})
 
 
 CASES = {

@@ -8,12 +8,10 @@ abstract batch has the same fields.
 """
 
 import pathlib
-import runpy
 
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT
 from helpsteer_jax import runtime
 from helpsteer_jax.data import pipeline
 from helpsteer_jax.data.batches import (
@@ -22,6 +20,7 @@ from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.models import hf
 from helpsteer_jax.tasks import acsft, attribute_model, dpo2d
 from helpsteer_jax.train import loop
+from train_utils import task_config
 
 TASKS = {"acsft": acsft, "attribute_model": attribute_model, "dpo2d": dpo2d}
 CASES = {
@@ -41,18 +40,12 @@ def tokenizer_dir(tmp_path_factory) -> pathlib.Path:
 
 
 def _config(task_name: str, overrides: dict, tokenizer_dir: pathlib.Path):
-  config = runpy.run_path(str(REPO_ROOT / "configs" / f"{task_name}.py"))["get_config"]()
+  config = task_config(task_name, overrides)
   config.tokenizer = str(tokenizer_dir)
   config.data.update(demo_train_rows=24, demo_validation_rows=4)
   if task_name == "dpo2d":
     config.data.update(demo_train_pairs=12, demo_validation_pairs=4)
   config.train.update(global_batch=8, micro_batch=8)
-  for key, value in overrides.items():
-    *path, leaf = key.split(".")
-    target = config
-    for part in path:
-      target = target[part]
-    target[leaf] = value
   return config
 
 

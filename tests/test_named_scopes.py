@@ -1,12 +1,10 @@
 """The losses and the optimizer update carry named scopes in the lowered train step."""
 
-import runpy
-
 import pytest
 
-from conftest import REPO_ROOT
 from helpsteer_jax import runtime
 from helpsteer_jax.tasks import acsft, attribute_model, dpo2d
+from test_aot_tasks import tiny
 
 CASES = {
     "acsft": (acsft, {}, ("sft_loss", "fused_nll", "fused_nll_bwd")),
@@ -23,13 +21,7 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_lowered_step_names_its_loss_and_optimizer_scopes(case):
   task, overrides, scopes = CASES[case]
-  config = runpy.run_path(str(REPO_ROOT / "configs" / f"{task.__name__.rsplit('.', 1)[1]}.py"))[
-      "get_config"]()
-  config.model.num_layers = 1
-  config.train.update(seq_len=64, global_batch=8, micro_batch=8, loss_chunk_size=32)
-  for key, value in overrides.items():
-    section, leaf = key.split(".") if "." in key else (None, key)
-    (config[section] if section else config)[leaf] = value
+  config = tiny(task.__name__.rsplit(".", 1)[1], **overrides)
   text = task.abstract_train_step(config, runtime.setup(config)).lower().as_text(
       debug_info=True)
   for scope in scopes + ("optimizer_update",):

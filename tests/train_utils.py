@@ -1,15 +1,29 @@
 """Small trainer setups for the training-engine tests."""
 
 import functools
+import runpy
 
 import numpy as np
 
+from conftest import REPO_ROOT
 from helpsteer_jax import config_base, runtime
 from helpsteer_jax.data.features.next_token import next_token_features
 from helpsteer_jax.losses.sft import sft_loss
 from helpsteer_jax.train import loop
 from helpsteer_jax.train import state as state_lib
 from helpsteer_jax.train.optim import optimizer_config
+
+
+def task_config(task: str, overrides: dict | None = None, preset: str = ""):
+  """configs/<task>.py's config with dotted-key overrides ({"data.packing": False})."""
+  config = runpy.run_path(str(REPO_ROOT / "configs" / f"{task}.py"))["get_config"](preset)
+  for key, value in (overrides or {}).items():
+    *path, leaf = key.split(".")
+    target = config
+    for part in path:
+      target = target[part]
+    target[leaf] = value
+  return config
 
 
 def tiny_config(mesh=(2, 2, 2), **train):

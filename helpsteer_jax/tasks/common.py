@@ -55,26 +55,28 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
 # ---------------------------------------------------------------- data sources
 
 
-def helpsteer_sources(config: ml_collections.ConfigDict,
-                      workdir: pathlib.Path) -> tuple[str, str]:
-  """(train, validation) HelpSteer-format sources; the demo rows when none is configured."""
+def _configured_or_demo(config: ml_collections.ConfigDict, workdir: pathlib.Path, marker: str,
+                        write: Callable) -> tuple[str, str]:
   data = config.data
   if data.train_path:
     return data.train_path, data.validation_path
-  demo_dir = runtime.write_once(workdir / "demo_data", "validation.jsonl.gz", lambda d: (
-      demo_rows.write_demo_dataset(d, data.demo_train_rows, data.demo_validation_rows)))
+  demo_dir = runtime.write_once(workdir / "demo_data", marker, lambda d: (
+      write(d, data.demo_train_rows, data.demo_validation_rows)))
   return str(demo_dir), str(demo_dir)
+
+
+def helpsteer_sources(config: ml_collections.ConfigDict,
+                      workdir: pathlib.Path) -> tuple[str, str]:
+  """(train, validation) HelpSteer-format sources; the demo rows when none is configured."""
+  return _configured_or_demo(config, workdir, "validation.jsonl.gz",
+                             demo_rows.write_demo_dataset)
 
 
 def preference_sources(config: ml_collections.ConfigDict,
                        workdir: pathlib.Path) -> tuple[str, str]:
   """(train, validation) HelpSteer2-Preference sources; the demo pairs when none is configured."""
-  data = config.data
-  if data.train_path:
-    return data.train_path, data.validation_path
-  demo_dir = runtime.write_once(workdir / "demo_data", "preference/preference.jsonl.gz", lambda d: (
-      demo_rows.write_demo_preference(d, data.demo_train_rows, data.demo_validation_rows)))
-  return str(demo_dir), str(demo_dir)
+  return _configured_or_demo(config, workdir, "preference/preference.jsonl.gz",
+                             demo_rows.write_demo_preference)
 
 
 def demo_2d_files(workdir: pathlib.Path, num_train: int, num_validation: int) -> tuple[str, str]:
