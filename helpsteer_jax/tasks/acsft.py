@@ -16,15 +16,13 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 from absl import logging
-from flax import nnx
 
 from helpsteer_jax import runtime
 from helpsteer_jax.data import demo, pipeline, readers
 from helpsteer_jax.data.sources import load_conversations
 from helpsteer_jax.data.sft import sft_features
 from helpsteer_jax.losses.sft import sft_loss
-from helpsteer_jax.models import hf
-from helpsteer_jax.models.llama import Llama
+from helpsteer_jax.models import builder, hf
 from helpsteer_jax.train import abstract_step, loop
 from helpsteer_jax.train import state as state_lib
 
@@ -51,7 +49,7 @@ def abstract_train_step(config: ml_collections.ConfigDict,
   fields = {k: ((seq_len,), jnp.int32) for k in pipeline.BATCH_KEYS}
   fields["weights"] = ((seq_len,), jnp.float32)
   return abstract_step.trainer_step_spec(
-      config, rt, lambda: Llama(model_cfg, rngs=nnx.Rngs(0)), loss_fn(config), fields,
+      config, rt, lambda: builder.new_model(model_cfg), loss_fn(config), fields,
       model_cfg.flops_per_token(seq_len))
 
 

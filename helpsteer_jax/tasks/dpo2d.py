@@ -19,7 +19,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
-from flax import nnx
 
 from helpsteer_jax import runtime
 from helpsteer_jax.data import demo_2d, pair_rows, pairs
@@ -27,8 +26,7 @@ from helpsteer_jax.data.readers import BadRecordReport
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.losses import dpo2d
 from helpsteer_jax.losses.preference import preference_loss
-from helpsteer_jax.models import hf
-from helpsteer_jax.models.llama import Llama
+from helpsteer_jax.models import builder, hf
 from helpsteer_jax.train import abstract_step, loop, reference
 from helpsteer_jax.train import checkpoint as ckpt_lib
 from helpsteer_jax.train import state as state_lib
@@ -120,7 +118,7 @@ def abstract_train_step(config: ml_collections.ConfigDict,
   loss = functools.partial(preference_loss, cfg=cfg, chunk_size=config.train.loss_chunk_size,
                            vocab_chunk=config.loss.vocab_chunk_size)
   return abstract_step.trainer_step_spec(
-      config, rt, lambda: Llama(model_cfg, rngs=nnx.Rngs(0)), loss,
+      config, rt, lambda: builder.new_model(model_cfg), loss,
       abstract_step.batch_fields(config, example), per_token, tokens_per_row=2 * n,
       frozen_params=on_the_fly)
 
