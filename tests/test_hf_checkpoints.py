@@ -46,10 +46,26 @@ def _hf_config(kind: str):
                          "factor": 8.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0,
                          "original_max_position_embeddings": 16})
-  if kind == "mistral":  # head_dim * heads != hidden_size
-    return transformers.MistralConfig(**TINY, head_dim=32, sliding_window=4096,
+  if kind == "llama32":  # Llama 3.2: tied, llama3 RoPE scaled by 32
+    return transformers.LlamaConfig(
+        **TINY, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 16})
+  if kind == "mistral":  # head_dim * heads != hidden_size; a window shorter than rows
+    return transformers.MistralConfig(**TINY, head_dim=32, sliding_window=5,
                                       rope_parameters={"rope_type": "default",
                                                        "rope_theta": 10000.0})
+  if kind == "qwen3":  # q/k norms, explicit head_dim, no biases
+    return transformers.Qwen3Config(**TINY, head_dim=32, rms_norm_eps=1e-6,
+                                    rope_parameters={"rope_type": "default",
+                                                     "rope_theta": 1e6})
+  if kind == "gemma2":  # 3 layers: sliding, full, sliding (window 5); small soft-caps
+    return transformers.Gemma2Config(**{**TINY, "num_hidden_layers": 3}, head_dim=32,
+                                     query_pre_attn_scalar=24, sliding_window=5,
+                                     attn_logit_softcapping=2.0, final_logit_softcapping=8.0,
+                                     rope_parameters={"rope_type": "default",
+                                                      "rope_theta": 10000.0})
   if kind == "qwen2":
     return transformers.Qwen2Config(**TINY, tie_word_embeddings=True,
                                     rms_norm_eps=1e-6, eos_token_id=5,
@@ -75,7 +91,7 @@ def _make_hf_model(kind: str, seed: int = 0):
 def checkpoints(tmp_path_factory):
   """kind -> (HF model, single-file dir, sharded dir)."""
   out = {}
-  for kind in ("llama2", "llama31", "mistral", "qwen2"):
+  for kind in ("llama2", "llama31", "llama32", "mistral", "qwen2", "qwen3", "gemma2"):
     model = _make_hf_model(kind)
     single = tmp_path_factory.mktemp(f"{kind}_single")
     sharded = tmp_path_factory.mktemp(f"{kind}_sharded")
@@ -163,9 +179,10 @@ def test_llama31_parity_sharded_index(checkpoints):
 
 def test_mistral_parity(checkpoints):
   """Matches transformers 5 `MistralForCausalLM` (explicit head_dim=32 with
-  hidden 64 / 4 heads; sliding window recorded, longer than the batch)."""
+  hidden 64 / 4 heads; a sliding window of 5 on rows of up to 16 tokens)."""
   ours = _check_import(checkpoints, "mistral")
-  assert ours.cfg.head_dim == 32 and ours.cfg.sliding_window == 4096
+  assert ours.cfg.head_dim == 32 and ours.cfg.sliding_window == 5
+  assert ours.cfg.layer_windows() == (5, 5)
   assert ours.layers.attn.q_proj[...].shape == (2, 64, 4, 32)
 
 
@@ -178,11 +195,36 @@ def test_qwen2_parity(checkpoints):
   assert np.abs(np.asarray(ours.layers.attn.q_bias[...])).max() > 0.1
 
 
+# What each family's import must have set, besides matching the logits.
+FAMILY_TRAITS = {
+    "llama32": dict(tie_word_embeddings=True, hf_model_type="llama"),
+    "qwen3": dict(qk_norm=True, attention_bias=False, head_dim=32, hf_model_type="qwen3"),
+    "gemma2": dict(sandwich_norms=True, norm_unit_offset=True, scale_embeddings=True,
+                   mlp_activation="gelu_tanh", query_pre_attn_scalar=24,
+                   attn_logit_softcap=2.0, final_logit_softcap=8.0, sliding_window=5,
+                   layer_types=("sliding_attention", "full_attention"),
+                   tie_word_embeddings=True, hf_model_type="gemma2"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FAMILY_TRAITS))
+def test_family_parity(checkpoints, kind):
+  """Matches transformers 5 `Qwen3ForCausalLM` / `Gemma2ForCausalLM` /
+  `LlamaForCausalLM` (Llama 3.2) on the padded batch (rows of up to 16
+  tokens: Gemma 2's window of 5 and soft-caps at work)."""
+  ours = _check_import(checkpoints, kind)
+  for name, value in FAMILY_TRAITS[kind].items():
+    assert getattr(ours.cfg, name) == value, name
+
+
 @pytest.mark.parametrize("kind,mesh_shape,impl", [
     ("llama31", (2, 2, 2), "xla"),
     ("qwen2", (1, 8, 1), "blockwise"),
     ("mistral", (2, 2, 2), "blockwise"),
     ("llama2", (1, 8, 1), "xla"),
+    ("qwen3", (2, 2, 2), "blockwise"),
+    ("gemma2", (2, 2, 2), "blockwise"),
+    ("llama32", (1, 8, 1), "xla"),
 ])
 def test_mesh_parity(checkpoints, kind, mesh_shape, impl):
   """Matches the transformers 5 model of `kind` on the 8-device CPU mesh,
@@ -195,7 +237,7 @@ def test_mesh_parity(checkpoints, kind, mesh_shape, impl):
   assert ours.embed[...].sharding.spec == P("tensor", "fsdp")
   if not ours.cfg.tie_word_embeddings:
     assert ours.lm_head[...].sharding.spec == P("fsdp", "tensor")
-  else:
+  if ours.cfg.attention_bias:
     assert ours.layers.attn.k_bias[...].sharding.spec == P(None, "tensor", None)
   _, abstract = builder.abstract_model(ours.cfg)
   specs = dict(_flat(builder.state_specs(abstract, sharding.DEFAULT_RULES)))
@@ -208,7 +250,7 @@ def _flat(state):
   return [(path, v.get_value()) for path, v in nnx.to_flat_state(state)]
 
 
-@pytest.mark.parametrize("kind", ["llama31", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama31", "qwen2", "mistral", "qwen3", "gemma2"])
 def test_round_trip(checkpoints, kind, tmp_path):
   """Import on a (2,2,2) mesh -> export -> transformers 5
   `AutoModelForCausalLM.from_pretrained` gives the original HF logits."""
@@ -278,7 +320,8 @@ def test_half_precision_checkpoint(checkpoints, tmp_path, torch_dtype):
 def test_config_round_trip_presets(tmp_path):
   """config_from_hf(config_to_hf(cfg)) == cfg, and transformers 5
   `AutoConfig` reads what we write."""
-  for name in ("llama2_7b", "llama3_1_70b", "mistral_7b", "qwen2_7b", "smollm2_135m"):
+  for name in ("llama2_7b", "llama3_1_70b", "llama3_2_1b", "mistral_7b", "qwen2_7b",
+               "qwen3_8b", "gemma2_2b", "smollm2_135m"):
     cfg = presets.get_preset(name)
     raw = hf.config_to_hf(cfg, "bfloat16")
     assert hf.config_from_hf(raw) == cfg, name
@@ -304,8 +347,8 @@ def test_v4_style_rope_scaling():
   assert cfg.param_dtype == "bfloat16"
 
 
-def _llama_raw(**changes):
-  raw = hf.config_to_hf(presets.get_preset("tiny"))
+def _llama_raw(preset="tiny", **changes):
+  raw = hf.config_to_hf(presets.get_preset(preset))
   raw.update(changes)
   return raw
 
@@ -320,15 +363,23 @@ def _llama_raw(**changes):
      "rope_type='linear'"),
     (_llama_raw(model_type="qwen2", use_sliding_window=True), "use_sliding_window=true"),
     (_llama_raw(model_type="gemma"), "model_type 'gemma'"),
+    (_llama_raw("qwen3_8b", attention_bias=True), "attention_bias=true"),
+    (_llama_raw("qwen3_8b", use_sliding_window=True), "use_sliding_window=true"),
+    (_llama_raw("gemma2_2b", hidden_activation="gelu"), "hidden_activation='gelu'"),
+    (_llama_raw("mistral_7b", layer_types=["full_attention"] * 32), "layer_types"),
 ])
 def test_unsupported_configs(raw, message):
   with pytest.raises(hf.UnsupportedCheckpointError, match=message):
     hf.config_from_hf(raw)
 
 
-def test_unexportable_config():
-  cfg = presets.get_preset("tiny", attention_bias=True)
-  with pytest.raises(hf.UnsupportedCheckpointError, match="attention_bias"):
+@pytest.mark.parametrize("preset,knob", [
+    ("tiny", dict(attention_bias=True)), ("tiny", dict(qk_norm=True)),
+    ("qwen3_0_6b", dict(sliding_window=64)), ("gemma2_2b", dict(norm_unit_offset=False))])
+def test_unexportable_config(preset, knob):
+  """A knob the family's HF format fixes otherwise is refused on export."""
+  cfg = presets.get_preset(preset, **knob)
+  with pytest.raises(hf.UnsupportedCheckpointError, match=next(iter(knob))):
     hf.config_to_hf(cfg)
 
 
