@@ -246,6 +246,26 @@ def test_mesh_parity(checkpoints, kind, mesh_shape, impl):
     assert value.sharding.spec == specs[path], path
 
 
+@pytest.mark.parametrize("kind", ["mistral", "gemma2"])
+def test_packed_rows_match_separate_sequences(checkpoints, kind):
+  """A row packing sequences of 9 and 7 tokens (segment ids, positions
+  restarting; window 5) gives, per segment, transformers' logits of that
+  sequence run alone."""
+  hf_model = checkpoints[kind][0]
+  ours = hf.load_hf_model(checkpoints[kind][1], attention_impl="blockwise",
+                          attention_block_size=4)
+  rng = np.random.RandomState(2)
+  first, second = rng.randint(3, 256, 9), rng.randint(3, 256, 7)
+  tokens = np.concatenate([first, second])[None]
+  segments = np.array([[1] * 9 + [2] * 7])
+  positions = np.concatenate([np.arange(9), np.arange(7)])[None]
+  packed = _our_logits(ours, tokens, segments, positions)[0]
+  for seq, rows in ((first, slice(0, 9)), (second, slice(9, 16))):
+    ones = np.ones((1, len(seq)), np.int64)
+    alone = _hf_logits(hf_model, seq[None], ones, np.arange(len(seq))[None])[0]
+    _assert_parity(packed[rows], alone, ones[0])
+
+
 def _flat(state):
   return [(path, v.get_value()) for path, v in nnx.to_flat_state(state)]
 

@@ -214,3 +214,24 @@ def test_chunked_logits_equal_one_matmul(length):
   whole = jnp.einsum("btd,dv->btv", hidden, model.lm_head[...])
   assert chunked.shape == (2, length, 1024)
   np.testing.assert_allclose(chunked, whole, atol=1e-5)
+
+
+def test_named_scopes_in_compiled_program():
+  """Profiles read by block: the compiled forward + backward's op names carry
+  the embedding, layer, norm, attention (kernel), MLP and head scopes."""
+  import re
+  model = _model(dict(GEMMA2, qk_norm=True), attention_impl="blockwise",
+                 attention_block_size=16)
+  graphdef, state = nnx.split(model)
+
+  def loss(state, tokens):
+    m = nnx.merge(graphdef, state)
+    return m.logits(m(tokens)).sum()
+
+  text = jax.jit(jax.grad(loss)).lower(state, jnp.zeros((1, 32), jnp.int32)).compile().as_text()
+  scopes = {word for name in re.findall(r'op_name="([^"]+)"', text)
+            for word in re.findall(r"\w+", name)}
+  for scope in ("embed", "decoder_layer", "input_norm", "attention", "qk_norm",
+                "attention_blockwise", "blockwise_fwd", "blockwise_bwd", "attn_output_norm",
+                "post_attention_norm", "mlp", "mlp_output_norm", "final_norm", "lm_head"):
+    assert scope in scopes, scope
