@@ -89,9 +89,10 @@ def test_attention_kernels_match_reference_forward_and_gradient(impl, block, win
     np.testing.assert_allclose(a, b, atol=2e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("new_tokens", [1, 3])
-def test_cached_attention_equals_reference_on_heads_first_cache(new_tokens):
-  """Decode attention over a [B, K, S, D] cache: left padding, filled slots only."""
+@pytest.mark.parametrize("new_tokens,window", [(1, None), (3, None), (1, 4), (3, 5)])
+def test_cached_attention_equals_reference_on_heads_first_cache(new_tokens, window):
+  """Decode attention over a [B, K, S, D] cache: left padding, filled slots
+  only (with a window: the window's slots only, read as a slice)."""
   key = jax.random.split(jax.random.key(2), 3)
   length, start = 16, 9  # slots start..start+new_tokens-1 hold the new tokens
   q = jax.random.normal(key[0], (2, new_tokens, 4, 8))
@@ -101,12 +102,16 @@ def test_cached_attention_equals_reference_on_heads_first_cache(new_tokens):
   filled[0, :start + new_tokens] = 1
   filled[1, 3:start + new_tokens] = 1  # row 1 left-padded by 3
   info = attention.MaskInfo(jnp.ones((2, new_tokens), jnp.int32), jnp.asarray(filled), start)
-  ours = attention.cached_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), info)
+  ours = attention.cached_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), info,
+                                    window=window)
   # Reference: HF's repeat_kv, dense softmax over filled slots up to each query.
   rep_k, rep_v = jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2)
   scores = jnp.einsum("bthd,bshd->bhts", q, rep_k) / np.sqrt(8)
   q_pos = start + np.arange(new_tokens)
-  visible = (filled[:, None, :] > 0) & (np.arange(length)[None, None, :] <= q_pos[None, :, None])
+  kv_pos = np.arange(length)[None, None, :]
+  visible = (filled[:, None, :] > 0) & (kv_pos <= q_pos[None, :, None])
+  if window:
+    visible &= kv_pos > q_pos[None, :, None] - window
   scores = jnp.where(visible[:, None], scores, -1e30)
   ref = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(scores, -1), rep_v)
   np.testing.assert_allclose(ours, ref, atol=1e-5)

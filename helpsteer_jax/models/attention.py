@@ -97,10 +97,20 @@ def cached_attention(q, k, v, info: MaskInfo, scale: float | None = None,
 
   Decoding's dense path: both matmuls batch over (batch, kv head) and read
   the cache in its stored layout; only the few new queries are transposed.
-  Scores and softmax in fp32; returns [B, T, H, D].
+  With a sliding window shorter than the cache (and one offset for every
+  row, as the decoder's), only the window's slots are read. Scores and
+  softmax in fp32; returns [B, T, H, D].
   """
   with jax.named_scope("cached_attention"):
-    return _dense(q, k, v, dense_mask(info, q.shape[1], k.shape[2], window), scale, softcap)
+    t, slots = q.shape[1], k.shape[2]
+    span = None if window is None else window + t - 1
+    if span is not None and span < slots and jnp.ndim(info.q_offset) == 0:
+      first = jnp.clip(jnp.asarray(info.q_offset) - window + 1, 0, slots - span)
+      k, v = (jax.lax.dynamic_slice_in_dim(x, first, span, axis=2) for x in (k, v))
+      info = MaskInfo(info.q_segment_ids,
+                      jax.lax.dynamic_slice_in_dim(info.kv_segment_ids, first, span, axis=1),
+                      info.q_offset - first)
+    return _dense(q, k, v, dense_mask(info, t, k.shape[2], window), scale, softcap)
 
 
 def _dense(q, k, v, mask, scale, softcap) -> jax.Array:
