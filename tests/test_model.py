@@ -139,11 +139,10 @@ def test_packed_segments_equal_separate_sequences(family):
     (None, dict(remat_policy="save_dots")),
     (None, dict(remat_policy="save_dots_no_batch", scan_layers=False)),
     (None, dict(attention_impl="xla")),
-    # Layers scanned in (sliding, full) pairs + a remainder vs one by one.
-    (GEMMA2, dict(scan_layers=False)),
-    (GEMMA2, dict(remat_policy="full", attention_impl="xla")),
-], ids=["unscanned", "full", "save_dots", "no_batch_unscanned", "xla", "gemma2_unscanned",
-        "gemma2_full_xla"])
+    # Layers scanned in (sliding, full) pairs + a remainder, blockwise, vs one
+    # by one, rematerialised, dense.
+    (GEMMA2, dict(scan_layers=False, remat_policy="full", attention_impl="xla")),
+], ids=["unscanned", "full", "save_dots", "no_batch_unscanned", "xla", "gemma2"])
 def test_execution_knobs_do_not_change_results(family, changes):
   knobs = dict(attention_impl="blockwise", attention_block_size=16)
   base = _model(family, **knobs)
@@ -240,3 +239,12 @@ def test_named_scopes_in_compiled_program():
                 "attention_blockwise", "blockwise_fwd", "blockwise_bwd", "attn_output_norm",
                 "post_attention_norm", "mlp", "mlp_output_norm", "final_norm", "lm_head"):
     assert scope in scopes, scope
+
+
+def test_fused_losses_refuse_a_soft_capped_head():
+  """The fused log-prob losses project with `head_weight` and would skip
+  Gemma 2's final soft-cap: asking for it is a ConfigError, not other logits."""
+  from helpsteer_jax.errors import ConfigError
+  model = nnx.eval_shape(lambda: builder.new_model(presets.get_preset("tiny", **GEMMA2)))
+  with pytest.raises(ConfigError, match="final_logit_softcap=10.0"):
+    model.head_weight()
