@@ -1,4 +1,4 @@
-"""Decode tokens/s: our KV-cache decoder vs. transformers' PyTorch `generate`.
+"""Decode tokens/s: our KV-cache sampler vs. transformers' PyTorch `generate`.
 
 python benchmarks/decode.py [--batches 1,16 --prompt 64 --new 128 --repeats 3]
 
@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from helpsteer_jax import sharding  # noqa: E402
-from helpsteer_jax.inference.decode import Decoder  # noqa: E402
+from helpsteer_jax.inference.decode import Sampler  # noqa: E402
 
 
 def main() -> None:
@@ -38,7 +38,7 @@ def main() -> None:
 
   cfg, pt_model, model = common.bench_model_pair(args.attention)
   mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
-  decoder = Decoder(model, mesh, max_length=args.prompt + args.new)
+  sampler = Sampler(model, mesh, max_length=args.prompt + args.new)
 
   rows = []
   for batch in (int(b) for b in args.batches.split(",")):
@@ -47,7 +47,7 @@ def main() -> None:
     outputs = {}
 
     def run_jax():
-      outputs["jax"] = decoder.generate(prompts.tolist(), args.new).tokens
+      outputs["jax"] = sampler.generate(prompts.tolist(), args.new).tokens
 
     def run_torch():
       with torch.inference_mode():
@@ -56,11 +56,11 @@ def main() -> None:
                                 do_sample=False, pad_token_id=0)
       outputs["torch"] = out[:, args.prompt:].numpy()
 
-    before = decoder.compiled_variants
+    before = sampler.compiled_variants
     run_jax(), run_torch()  # compile / warm up
-    compiled = decoder.compiled_variants - before
+    compiled = sampler.compiled_variants - before
     times = common.interleaved_times({"jax": run_jax, "torch": run_torch}, args.repeats)
-    recompiled = decoder.compiled_variants - before - compiled
+    recompiled = sampler.compiled_variants - before - compiled
     assert compiled == 1 and recompiled == 0, (compiled, recompiled)
     agree = float(np.mean(outputs["jax"] == outputs["torch"]))
     n_tokens = batch * args.new

@@ -9,6 +9,7 @@ from typing import Callable
 import jax
 import ml_collections
 from absl import logging
+from flax import nnx
 from jax.sharding import Mesh
 
 from helpsteer_jax import config_base
@@ -16,7 +17,6 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.models import builder
 from helpsteer_jax.models.config import ModelConfig
-from helpsteer_jax.models.llama import Llama
 
 
 @dataclasses.dataclass
@@ -56,12 +56,11 @@ def model_config(config: ml_collections.ConfigDict, weights: bool = True) -> Mod
   return config_base.build_model_config(config.model)
 
 
-def build_model(config: ml_collections.ConfigDict, rt: Runtime) -> Llama:
+def build_model(config: ml_collections.ConfigDict, rt: Runtime) -> nnx.Module:
   """The sharded model: imported from `model.hf_path` or randomly initialised."""
   cfg = model_config(config)
   builder.validate_model_on_mesh(cfg, rt.mesh, rt.rules)
   if config.model.hf_path:
-    from flax import nnx
     from helpsteer_jax.models import hf
     return nnx.merge(*hf.load_hf_state(config.model.hf_path, cfg, rt.mesh, rt.rules))
   return builder.init_model(cfg, rt.mesh, rt.rules, seed=config.seed)

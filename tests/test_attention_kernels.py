@@ -28,17 +28,22 @@ def _inputs(b=2, t=128, h=4, k=2, d=32):
   return q, kk, v, jnp.asarray(seg)
 
 
-def test_splash_interpret_equals_xla_forward_and_backward():
+@pytest.mark.parametrize("window,softcap", [(None, None), (40, 5.0)])
+def test_splash_interpret_equals_xla_forward_and_backward(window, softcap):
+  """Causal, or a 40-token `LocalMask` window with the kernel's logit soft-cap
+  and a query scale other than 1/sqrt(head_dim) (Gemma 2)."""
   q, k, v, seg = _inputs()
   info = attention.MaskInfo(seg, seg, 0)
+  knobs = dict(window=window, softcap=softcap, scale=0.1 if softcap else None)
   real = (np.asarray(seg) > 0)[:, :, None, None]
   w = jnp.asarray(np.random.RandomState(1).randn(*q.shape), jnp.float32) * real
 
   def loss(fn):
     return lambda q, k, v: jnp.sum(fn(q, k, v) * w)
 
-  xla = lambda q, k, v: attention.xla_attention(q, k, v, info)
-  splash = lambda q, k, v: attention.splash_attention(q, k, v, seg, 128, interpret=True)
+  xla = lambda q, k, v: attention.xla_attention(q, k, v, info, **knobs)
+  splash = lambda q, k, v: attention.splash_attention(q, k, v, seg, 128, interpret=True,
+                                                      **knobs)
   np.testing.assert_allclose(np.where(real, splash(q, k, v), 0), np.where(real, xla(q, k, v), 0),
                              atol=2e-5)
   for a, b in zip(jax.grad(loss(splash), (0, 1, 2))(q, k, v),
@@ -53,12 +58,16 @@ def test_kernel_platform_mismatch_is_a_config_error():
     config.model.attention_impl = impl
     with pytest.raises(ConfigError, match=f"runs only on {platform}.*blockwise"):
       runtime.setup(config)
+  shape = dict(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=1,
+               num_kv_heads=1)
   with pytest.raises(ConfigError, match="cudnn.*bfloat16"):
-    ModelConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=1,
-                num_kv_heads=1, attention_impl="cudnn")
+    ModelConfig(**shape, attention_impl="cudnn")
+  with pytest.raises(ConfigError, match="cudnn' cannot soft-cap"):
+    ModelConfig(**shape, attention_impl="cudnn", dtype="bfloat16", attn_logit_softcap=50.0)
 
 
-def test_splash_compiles_for_tpu_under_shard_map(tmp_path):
+@pytest.mark.parametrize("window,softcap", [(None, None), (64, 50.0)])
+def test_splash_compiles_for_tpu_under_shard_map(tmp_path, window, softcap):
   topo = aot.parse_topology("v5e:2x2")
   mesh = sharding_lib.make_mesh((1, 2, 2), aot.compile_only_devices(topo, tmp_path))
   b, t, h, k, d = 4, 256, 8, 4, 128
@@ -71,7 +80,8 @@ def test_splash_compiles_for_tpu_under_shard_map(tmp_path):
 
   def loss(q, k, v, seg):
     with sharding_lib.axis_rules(rules):
-      out = attention.attention(q, k, v, attention.MaskInfo(seg, seg, 0), "splash", 128)
+      out = attention.attention(q, k, v, attention.MaskInfo(seg, seg, 0), "splash", 128,
+                                window=window, softcap=softcap)
     return jnp.sum(out.astype(jnp.float32))
 
   with jax.set_mesh(mesh):

@@ -1,8 +1,10 @@
 """KV-cache decoding against transformers' PyTorch `generate` and against full
 recomputation; tensor-parallel decoding; one compile per bucket.
 
-The reference model is a tiny random transformers Llama (`torch.manual_seed`,
-nothing downloaded), imported with our HF loader so both run the same weights.
+The reference models are tiny random transformers Llama, Mistral (window 8),
+Qwen3 and Gemma 2 (window 8 on alternate layers) models (`torch.manual_seed`,
+nothing downloaded), imported with our HF loader so both run the same
+weights; prompts of up to 12 tokens and 32 new tokens decode past the window.
 """
 
 import jax
@@ -15,7 +17,7 @@ from helpsteer_jax import sharding
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import decode
 from helpsteer_jax.inference.sampling import SamplingConfig
-from helpsteer_jax.models import builder, hf, presets
+from helpsteer_jax.models import builder, families, hf, presets
 from helpsteer_jax.models.kv_cache import KVCache
 
 torch = pytest.importorskip("torch")
@@ -28,27 +30,35 @@ def _one_device():
   return sharding.make_mesh((1, 1, 1), jax.devices()[:1])
 
 
-@pytest.fixture(scope="module")
-def hf_pair(tmp_path_factory):
-  """A random transformers Llama and the same weights in our model."""
+_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+             max_position_embeddings=128, initializer_range=0.1, bos_token_id=1,
+             eos_token_id=2, pad_token_id=0, attn_implementation="eager")
+_HF_CONFIGS = {
+    "llama": lambda: transformers.LlamaConfig(**_TINY),
+    "mistral": lambda: transformers.MistralConfig(**_TINY, sliding_window=8),
+    "qwen3": lambda: transformers.Qwen3Config(**_TINY, head_dim=16),
+    "gemma2": lambda: transformers.Gemma2Config(
+        **{**_TINY, "num_hidden_layers": 3}, head_dim=16, query_pre_attn_scalar=16,
+        sliding_window=8, attn_logit_softcapping=5.0, final_logit_softcapping=10.0),
+}
+
+
+def _hf_pair(kind, path):
+  """A random transformers model of `kind`, saved to `path`."""
   torch.manual_seed(0)
-  cfg = transformers.LlamaConfig(
-      hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-      num_key_value_heads=2, vocab_size=256, max_position_embeddings=128,
-      initializer_range=0.1, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-      attn_implementation="eager")
-  model = transformers.LlamaForCausalLM(cfg).eval()
-  path = tmp_path_factory.mktemp("hf_decode")
+  model = transformers.AutoModelForCausalLM.from_config(_HF_CONFIGS[kind]()).eval()
   model.save_pretrained(path)
   return model, path
 
 
-def test_greedy_matches_transformers_generate(hf_pair):
+@pytest.mark.parametrize("kind", sorted(_HF_CONFIGS))
+def test_greedy_matches_transformers_generate(kind, tmp_path):
   """Batched prompts of lengths 7, 2 and 12, left-padded by both frameworks."""
-  pt_model, path = hf_pair
+  pt_model, path = _hf_pair(kind, tmp_path)
   ours = hf.load_hf_model(path, attention_impl="blockwise", attention_block_size=8)
-  decoder = decode.Decoder(ours, _one_device(), max_length=128)
-  result = decoder.generate(PROMPTS, max_new_tokens=32,
+  sampler = decode.Sampler(ours, _one_device(), max_length=128)
+  result = sampler.generate(PROMPTS, max_new_tokens=32,
                             stop=decode.StopTokens(ids=(2,)))
 
   longest = max(map(len, PROMPTS))
@@ -115,9 +125,17 @@ def _cached_vs_full(model, prompts, steps):
   return np.stack(cached, 1), ref[:, plen - 1: plen - 1 + steps]
 
 
-@pytest.mark.parametrize("impl,scan", [("xla", True), ("blockwise", True), ("xla", False)])
-def test_cached_logits_equal_full_recompute(impl, scan):
-  cfg = presets.get_preset("tiny", attention_impl=impl, attention_block_size=4,
+# Gemma 2's knobs with a window of 4: ten decode steps run past it.
+_GEMMA2 = dict(families.get("gemma2").config_fields(), num_layers=3, sliding_window=4,
+               layer_types=("sliding_attention", "full_attention"), attn_logit_softcap=5.0,
+               final_logit_softcap=10.0, query_pre_attn_scalar=16, tie_word_embeddings=True)
+
+
+@pytest.mark.parametrize("impl,scan,family", [
+    ("xla", True, {}), ("blockwise", True, {}), ("xla", False, {}),
+    ("blockwise", True, _GEMMA2)], ids=["xla", "blockwise", "unscanned", "gemma2"])
+def test_cached_logits_equal_full_recompute(impl, scan, family):
+  cfg = presets.get_preset("tiny", **family, attention_impl=impl, attention_block_size=4,
                            initializer_range=0.1, scan_layers=scan)
   model = builder.create(cfg, seed=3)
   cached, full = _cached_vs_full(model, PROMPTS, steps=10)
@@ -133,8 +151,8 @@ def test_tensor_parallel_decode_matches_one_device():
   q_spec = nnx.state(sharded)["layers"]["attn"]["q_proj"][...].sharding.spec
   assert "tensor" in tuple(q_spec)
   args = dict(max_new_tokens=12, stop=decode.StopTokens())
-  ref = decode.Decoder(single, _one_device(), max_length=64).generate(PROMPTS, **args)
-  dec = decode.Decoder(sharded, mesh, max_length=64)
+  ref = decode.Sampler(single, _one_device(), max_length=64).generate(PROMPTS, **args)
+  dec = decode.Sampler(sharded, mesh, max_length=64)
   out = dec.generate(PROMPTS, **args)
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   assert dec.buckets(3, 12, 12) == (4, 16)  # batch rounded to the 2 batch shards
@@ -142,7 +160,7 @@ def test_tensor_parallel_decode_matches_one_device():
 
 def test_one_compile_per_bucket_and_eos_ends_rows():
   model = builder.create(presets.get_preset("tiny", initializer_range=0.1), seed=0)
-  dec = decode.Decoder(model, _one_device(), max_length=64)
+  dec = decode.Sampler(model, _one_device(), max_length=64)
   first = dec.generate(PROMPTS, max_new_tokens=8)
   dec.generate([[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]], max_new_tokens=8)
   assert dec.compiled_variants == 1
@@ -163,7 +181,7 @@ def test_one_compile_per_bucket_and_eos_ends_rows():
 
 def test_sampling_is_reproducible_with_a_seed():
   model = builder.create(presets.get_preset("tiny", initializer_range=0.05), seed=0)
-  dec = decode.Decoder(model, _one_device(), max_length=64)
+  dec = decode.Sampler(model, _one_device(), max_length=64)
   hot = SamplingConfig(temperature=1.0, top_k=50, top_p=0.95)
   a = dec.generate(PROMPTS, max_new_tokens=16, sampling=hot, seed=7)
   b = dec.generate(PROMPTS, max_new_tokens=16, sampling=hot, seed=7)
@@ -174,7 +192,7 @@ def test_sampling_is_reproducible_with_a_seed():
 
 def test_bad_prompts_raise_clear_errors():
   model = builder.create(presets.get_preset("tiny"), seed=0)
-  dec = decode.Decoder(model, _one_device(), max_length=32)
+  dec = decode.Sampler(model, _one_device(), max_length=32)
   with pytest.raises(ConfigError, match="prompt 1 is empty"):
     dec.generate([[1, 2], []], max_new_tokens=4)
   with pytest.raises(ConfigError, match="exceeds the KV cache length 32"):

@@ -34,7 +34,7 @@ def _mesh():
 
 def _generator(tokenizer, stop_strings=generator.DEFAULT_STOP_STRINGS, **cfg):
   cfg = presets.get_preset("tiny", initializer_range=0.1, **cfg)
-  dec = decode.Decoder(builder.create(cfg, seed=0), _mesh(), max_length=96)
+  dec = decode.Sampler(builder.create(cfg, seed=0), _mesh(), max_length=96)
   return generator.Generator(dec, tokenizer, stop_strings)
 
 

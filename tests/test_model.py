@@ -7,16 +7,23 @@ import pytest
 from flax import nnx
 
 from helpsteer_jax import sharding
-from helpsteer_jax.models import attention, builder, presets
+from helpsteer_jax.models import attention, builder, families, presets
+
+# A tiny Gemma 2: every family knob on, three layers (sliding, full, sliding:
+# one scanned pair plus an unrolled remainder), a window shorter than the rows.
+GEMMA2 = dict(families.get("gemma2").config_fields(), num_layers=3, head_dim=16,
+              query_pre_attn_scalar=24, attn_logit_softcap=3.0, final_logit_softcap=10.0,
+              sliding_window=6, layer_types=("sliding_attention", "full_attention"),
+              tie_word_embeddings=True)
 
 
-def _model(**overrides):
-  return builder.create(presets.get_preset("tiny", **overrides))
+def _model(family=None, **overrides):
+  return builder.create(presets.get_preset("tiny", **(family or {}), **overrides))
 
 
-def _with_cfg(model, **changes):
+def _with_cfg(model, family=None, **changes):
   """The same weights under a different ModelConfig (e.g. another kernel)."""
-  other = _model(**changes)
+  other = _model(family, **changes)
   nnx.update(other, nnx.state(model))
   return other
 
@@ -36,20 +43,30 @@ def _packed_inputs(batch=2, length=48, seed=0):
   return jnp.asarray(tokens), jnp.asarray(pos), jnp.asarray(seg)
 
 
-def _reference_attention(q, k, v, seg):
-  """Dense softmax attention in NumPy-style jnp, with repeat_kv as in HF."""
+def _reference_attention(q, k, v, seg, window=None, softcap=None, scale=None):
+  """Dense softmax attention in NumPy-style jnp, with repeat_kv as in HF
+  (and HF's eager soft-cap and sliding-window mask)."""
   rep = q.shape[2] // k.shape[2]
   k, v = jnp.repeat(k, rep, axis=2), jnp.repeat(v, rep, axis=2)
   t = q.shape[1]
-  scores = jnp.einsum("bthd,bshd->bhts", q, k) / np.sqrt(q.shape[-1])
-  mask = (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] > 0) & (
-      jnp.arange(t)[:, None] >= jnp.arange(t)[None, :])
+  scores = jnp.einsum("bthd,bshd->bhts", q, k) * (scale or 1 / np.sqrt(q.shape[-1]))
+  if softcap:
+    scores = softcap * jnp.tanh(scores / softcap)
+  q_idx, kv_idx = jnp.arange(t)[:, None], jnp.arange(t)[None, :]
+  mask = (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] > 0) & (q_idx >= kv_idx)
+  if window:
+    mask &= kv_idx > q_idx - window
   scores = jnp.where(mask[:, None], scores, -1e30)
   return jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(scores, -1), v)
 
 
-@pytest.mark.parametrize("impl,block", [("xla", 0), ("blockwise", 16), ("blockwise", 48), ("blockwise", 20)])
-def test_attention_kernels_match_reference_forward_and_gradient(impl, block):
+@pytest.mark.parametrize("impl,block,window,softcap", [
+    ("xla", 0, None, None), ("blockwise", 16, None, None), ("blockwise", 48, None, None),
+    ("blockwise", 20, None, None), ("xla", 0, 7, 2.0), ("blockwise", 16, 7, 2.0),
+    ("blockwise", 20, 24, None), ("blockwise", 16, None, 1.5)])
+def test_attention_kernels_match_reference_forward_and_gradient(impl, block, window, softcap):
+  """With a sliding window (7: a 16-query block skips whole key blocks) and
+  soft-capping, forward and custom-VJP gradients equal the dense reference."""
   key = jax.random.split(jax.random.key(1), 3)
   q = jax.random.normal(key[0], (2, 48, 4, 8))
   k = jax.random.normal(key[1], (2, 48, 2, 8))
@@ -61,8 +78,10 @@ def test_attention_kernels_match_reference_forward_and_gradient(impl, block):
   def loss(fn, q, k, v):
     return jnp.sum((fn(q, k, v) * valid) ** 2)
 
-  ours = lambda q, k, v: attention.attention(q, k, v, info, impl, block)
-  ref = lambda q, k, v: _reference_attention(q, k, v, seg)
+  scale = 0.3 if softcap else None
+  ours = lambda q, k, v: attention.attention(q, k, v, info, impl, block, scale=scale,
+                                             window=window, softcap=softcap)
+  ref = lambda q, k, v: _reference_attention(q, k, v, seg, window, softcap, scale)
   np.testing.assert_allclose(jax.jit(ours)(q, k, v) * valid, ref(q, k, v) * valid, atol=1e-5)
   g_ours = jax.jit(jax.grad(lambda *a: loss(ours, *a), argnums=(0, 1, 2)))(q, k, v)
   g_ref = jax.jit(jax.grad(lambda *a: loss(ref, *a), argnums=(0, 1, 2)))(q, k, v)
@@ -70,9 +89,10 @@ def test_attention_kernels_match_reference_forward_and_gradient(impl, block):
     np.testing.assert_allclose(a, b, atol=2e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("new_tokens", [1, 3])
-def test_cached_attention_equals_reference_on_heads_first_cache(new_tokens):
-  """Decode attention over a [B, K, S, D] cache: left padding, filled slots only."""
+@pytest.mark.parametrize("new_tokens,window", [(1, None), (3, None), (1, 4), (3, 5)])
+def test_cached_attention_equals_reference_on_heads_first_cache(new_tokens, window):
+  """Decode attention over a [B, K, S, D] cache: left padding, filled slots
+  only (with a window: the window's slots only, read as a slice)."""
   key = jax.random.split(jax.random.key(2), 3)
   length, start = 16, 9  # slots start..start+new_tokens-1 hold the new tokens
   q = jax.random.normal(key[0], (2, new_tokens, 4, 8))
@@ -82,19 +102,26 @@ def test_cached_attention_equals_reference_on_heads_first_cache(new_tokens):
   filled[0, :start + new_tokens] = 1
   filled[1, 3:start + new_tokens] = 1  # row 1 left-padded by 3
   info = attention.MaskInfo(jnp.ones((2, new_tokens), jnp.int32), jnp.asarray(filled), start)
-  ours = attention.cached_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), info)
+  ours = attention.cached_attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), info,
+                                    window=window)
   # Reference: HF's repeat_kv, dense softmax over filled slots up to each query.
   rep_k, rep_v = jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2)
   scores = jnp.einsum("bthd,bshd->bhts", q, rep_k) / np.sqrt(8)
   q_pos = start + np.arange(new_tokens)
-  visible = (filled[:, None, :] > 0) & (np.arange(length)[None, None, :] <= q_pos[None, :, None])
+  kv_pos = np.arange(length)[None, None, :]
+  visible = (filled[:, None, :] > 0) & (kv_pos <= q_pos[None, :, None])
+  if window:
+    visible &= kv_pos > q_pos[None, :, None] - window
   scores = jnp.where(visible[:, None], scores, -1e30)
   ref = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(scores, -1), rep_v)
   np.testing.assert_allclose(ours, ref, atol=1e-5)
 
 
-def test_packed_segments_equal_separate_sequences():
-  model = _model(attention_impl="blockwise", attention_block_size=16)
+@pytest.mark.parametrize("family", [None, GEMMA2], ids=["llama", "gemma2"])
+def test_packed_segments_equal_separate_sequences(family):
+  """Packed rows (segments of 20 tokens; Gemma 2's window is 6) equal each
+  sequence run alone."""
+  model = _model(family, attention_impl="blockwise", attention_block_size=16)
   tokens, pos, seg = _packed_inputs()
   forward = nnx.jit(lambda m, *args: m(*args))
   packed = forward(model, tokens, pos, seg)
@@ -106,17 +133,20 @@ def test_packed_segments_equal_separate_sequences():
   np.testing.assert_allclose(packed[1, 8:], alone[0], atol=1e-5)
 
 
-@pytest.mark.parametrize("changes", [
-    dict(scan_layers=False),
-    dict(remat_policy="full"),
-    dict(remat_policy="save_dots"),
-    dict(remat_policy="save_dots_no_batch", scan_layers=False),
-    dict(attention_impl="xla"),
-])
-def test_execution_knobs_do_not_change_results(changes):
+@pytest.mark.parametrize("family,changes", [
+    (None, dict(scan_layers=False)),
+    (None, dict(remat_policy="full")),
+    (None, dict(remat_policy="save_dots")),
+    (None, dict(remat_policy="save_dots_no_batch", scan_layers=False)),
+    (None, dict(attention_impl="xla")),
+    # Layers scanned in (sliding, full) pairs + a remainder, blockwise, vs one
+    # by one, rematerialised, dense.
+    (GEMMA2, dict(scan_layers=False, remat_policy="full", attention_impl="xla")),
+], ids=["unscanned", "full", "save_dots", "no_batch_unscanned", "xla", "gemma2"])
+def test_execution_knobs_do_not_change_results(family, changes):
   knobs = dict(attention_impl="blockwise", attention_block_size=16)
-  base = _model(**knobs)
-  other = _with_cfg(base, **{**knobs, **changes})
+  base = _model(family, **knobs)
+  other = _with_cfg(base, family, **{**knobs, **changes})
   tokens, pos, seg = _packed_inputs()
 
   def loss(m):
@@ -128,6 +158,20 @@ def test_execution_knobs_do_not_change_results(changes):
   np.testing.assert_allclose(l1, l2, rtol=1e-5)
   for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_blockwise_window_skips_key_blocks():
+  """A 16-token window: each 16-query block reads 31 keys instead of all up
+  to its end, so the compiled kernel does well under half the FLOPs."""
+  q = jnp.zeros((1, 256, 2, 8))
+  k = v = jnp.zeros((1, 256, 1, 8))
+  seg = jnp.ones((1, 256), jnp.int32)
+
+  def flops(window):
+    fn = lambda q, k, v: attention.blockwise_attention(q, k, v, seg, 16, window=window)
+    return jax.jit(fn).lower(q, k, v).compile().cost_analysis()["flops"]
+
+  assert flops(16) < 0.4 * flops(None)
 
 
 def test_bf16_compute_with_fp32_master_weights():
@@ -174,3 +218,33 @@ def test_chunked_logits_equal_one_matmul(length):
   whole = jnp.einsum("btd,dv->btv", hidden, model.lm_head[...])
   assert chunked.shape == (2, length, 1024)
   np.testing.assert_allclose(chunked, whole, atol=1e-5)
+
+
+def test_named_scopes_in_compiled_program():
+  """Profiles read by block: the compiled forward + backward's op names carry
+  the embedding, layer, norm, attention (kernel), MLP and head scopes."""
+  import re
+  model = _model(dict(GEMMA2, qk_norm=True), attention_impl="blockwise",
+                 attention_block_size=16)
+  graphdef, state = nnx.split(model)
+
+  def loss(state, tokens):
+    m = nnx.merge(graphdef, state)
+    return m.logits(m(tokens)).sum()
+
+  text = jax.jit(jax.grad(loss)).lower(state, jnp.zeros((1, 32), jnp.int32)).compile().as_text()
+  scopes = {word for name in re.findall(r'op_name="([^"]+)"', text)
+            for word in re.findall(r"\w+", name)}
+  for scope in ("embed", "decoder_layer", "input_norm", "attention", "qk_norm",
+                "attention_blockwise", "blockwise_fwd", "blockwise_bwd", "attn_output_norm",
+                "post_attention_norm", "mlp", "mlp_output_norm", "final_norm", "lm_head"):
+    assert scope in scopes, scope
+
+
+def test_fused_losses_refuse_a_soft_capped_head():
+  """The fused log-prob losses project with `head_weight` and would skip
+  Gemma 2's final soft-cap: asking for it is a ConfigError, not other logits."""
+  from helpsteer_jax.errors import ConfigError
+  model = nnx.eval_shape(lambda: builder.new_model(presets.get_preset("tiny", **GEMMA2)))
+  with pytest.raises(ConfigError, match="final_logit_softcap=10.0"):
+    model.head_weight()

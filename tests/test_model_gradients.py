@@ -1,8 +1,9 @@
 """Gradients of the model against PyTorch autograd, and the SwiGLU backward.
 
 The MLP has a hand-written backward (models/swiglu.py); these tests hold it
-to autodiff of the plain expression y = (silu(x W_g) * (x W_u)) W_d and the
-whole model's weight gradients to transformers' LlamaForCausalLM backward.
+to autodiff of the plain expression y = (act(x W_g) * (x W_u)) W_d (SiLU and
+tanh-GELU) and the whole model's weight gradients to transformers'
+LlamaForCausalLM and Gemma2ForCausalLM backward.
 """
 
 import jax
@@ -11,14 +12,15 @@ import numpy as np
 import pytest
 
 from helpsteer_jax.models import hf
-from helpsteer_jax.models.swiglu import swiglu
+from helpsteer_jax.models.swiglu import gated_mlp, swiglu
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 
-def _plain(x, wg, wu, wd):
-  return (jax.nn.silu(x @ wg) * (x @ wu)) @ wd
+def _plain(x, wg, wu, wd, activation="silu"):
+  act = jax.nn.silu if activation == "silu" else lambda g: jax.nn.gelu(g, approximate=True)
+  return (act(x @ wg) * (x @ wu)) @ wd
 
 
 def _operands(dtype, shape=(2, 24, 16), mlp=40):
@@ -30,11 +32,14 @@ def _operands(dtype, shape=(2, 24, 16), mlp=40):
   return x, *ws, jax.random.normal(keys[4], shape, dtype)
 
 
-def test_swiglu_gradients_match_autodiff_fp32():
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_gated_mlp_gradients_match_autodiff_fp32(activation):
   x, wg, wu, wd, dy = _operands(jnp.float32)
-  ours = jax.jit(jax.grad(lambda *a: jnp.vdot(swiglu(*a), dy), argnums=(0, 1, 2, 3)))
-  ref = jax.jit(jax.grad(lambda *a: jnp.vdot(_plain(*a), dy), argnums=(0, 1, 2, 3)))
-  np.testing.assert_allclose(swiglu(x, wg, wu, wd), _plain(x, wg, wu, wd), rtol=1e-6, atol=1e-6)
+  mlp = lambda *a: gated_mlp(*a, activation)
+  plain = lambda *a: _plain(*a, activation)
+  ours = jax.jit(jax.grad(lambda *a: jnp.vdot(mlp(*a), dy), argnums=(0, 1, 2, 3)))
+  ref = jax.jit(jax.grad(lambda *a: jnp.vdot(plain(*a), dy), argnums=(0, 1, 2, 3)))
+  np.testing.assert_allclose(mlp(x, wg, wu, wd), plain(x, wg, wu, wd), rtol=1e-6, atol=1e-6)
   for a, b in zip(ours(x, wg, wu, wd), ref(x, wg, wu, wd)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
@@ -54,14 +59,30 @@ def test_swiglu_gradients_bf16_and_under_remat():
       assert float(jnp.max(jnp.abs(a.astype(jnp.float32) - b))) < 0.03 * scale
 
 
-def test_model_weight_gradients_match_pytorch(tmp_path):
-  """d(sum of per-token cross-entropy)/d(weights) vs LlamaForCausalLM.backward()."""
+_GRAD_CONFIGS = {
+    "llama": lambda shape: transformers.LlamaConfig(**shape),
+    # GeGLU, sandwich and (1 + w) norms, the window (5 of 24 tokens) and both
+    # soft-caps, through the blockwise kernel's custom VJP.
+    "gemma2": lambda shape: transformers.Gemma2Config(
+        **shape, head_dim=8, query_pre_attn_scalar=12, sliding_window=5,
+        attn_logit_softcapping=2.0, final_logit_softcapping=5.0),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_GRAD_CONFIGS))
+def test_model_weight_gradients_match_pytorch(tmp_path, kind):
+  """d(sum of per-token cross-entropy)/d(every weight) vs the transformers
+  model's backward(), compared through the family's HF parameter mapping."""
   torch.manual_seed(0)
-  cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=80,
-                                 num_hidden_layers=2, num_attention_heads=4,
-                                 num_key_value_heads=2, max_position_embeddings=64,
-                                 attn_implementation="eager")
-  ref = transformers.LlamaForCausalLM(cfg).float()
+  cfg = _GRAD_CONFIGS[kind](dict(
+      vocab_size=128, hidden_size=32, intermediate_size=80, num_hidden_layers=2,
+      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+      attn_implementation="eager"))
+  ref = transformers.AutoModelForCausalLM.from_config(cfg).float()
+  with torch.no_grad():  # norms away from their initial value (0 for Gemma, 1 for Llama)
+    for name, p in ref.named_parameters():
+      if "norm" in name:
+        p.add_(0.2 * torch.randn_like(p))
   ref.save_pretrained(tmp_path)
   ours = hf.load_hf_model(str(tmp_path), attention_impl="blockwise", attention_block_size=8)
   tokens = np.random.RandomState(0).randint(0, 128, (2, 25))
@@ -76,21 +97,13 @@ def test_model_weight_gradients_match_pytorch(tmp_path):
     lp = jax.nn.log_softmax(model.logits(model(jnp.asarray(tokens[:, :-1]))), axis=-1)
     return -jnp.sum(jnp.take_along_axis(lp, jnp.asarray(tokens[:, 1:])[..., None], axis=-1))
 
-  grads = nnx.grad(loss)(ours)
-  layers = grads.layers
-  for i in range(cfg.num_hidden_layers):
-    block = ref.model.layers[i]
-    pairs = {
-        "gate": (layers.mlp.gate_proj[...][i], block.mlp.gate_proj.weight.grad.T),
-        "up": (layers.mlp.up_proj[...][i], block.mlp.up_proj.weight.grad.T),
-        "down": (layers.mlp.down_proj[...][i], block.mlp.down_proj.weight.grad.T),
-        "q": (layers.attn.q_proj[...][i].reshape(32, -1), block.self_attn.q_proj.weight.grad.T),
-        "norm": (layers.post_attention_norm.scale[...][i],
-                 block.post_attention_layernorm.weight.grad),
-    }
-    for name, (a, b) in pairs.items():
-      b = b.numpy()
-      np.testing.assert_allclose(np.asarray(a), b, rtol=1e-4, atol=1e-5 * np.abs(b).max(),
-                                 err_msg=f"layer {i} {name}")
-  np.testing.assert_allclose(np.asarray(grads.embed[...]), ref.model.embed_tokens.weight.grad.numpy(),
-                             rtol=1e-4, atol=1e-6)
+  grads = nnx.jit(nnx.grad(loss))(ours)
+  grads = {path: v.get_value() for path, v in nnx.to_flat_state(grads)}
+  for m in hf.param_mappings(ours.cfg):
+    names = ([m.hf_name.format(i=i) for i in range(cfg.num_hidden_layers)] if m.layered
+             else [m.hf_name])
+    for i, name in enumerate(names):
+      want = m.to_ours(ref.get_parameter(name).grad.numpy())
+      got = np.asarray(grads[m.path][i] if m.layered else grads[m.path])
+      np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max(),
+                                 err_msg=name)

@@ -3,22 +3,39 @@
 import time
 
 import pytest
+from flax import nnx
 
-from helpsteer_jax.models import builder, presets
+from helpsteer_jax.models import builder, families, presets
 
-# Published totals (model cards / HF safetensors metadata), in parameters.
+# Published totals (model cards / HF safetensors metadata), in parameters, as
+# given: the count must round to them (half a unit of the last digit).
 PUBLISHED = {
-    "llama2_7b": 6.74e9,
-    "llama2_13b": 13.02e9,
-    "llama2_70b": 68.98e9,
-    "llama3_8b": 8.03e9,
-    "llama3_70b": 70.55e9,
-    "llama3_1_8b": 8.03e9,
-    "llama3_1_70b": 70.55e9,
-    "mistral_7b": 7.24e9,
-    "qwen2_7b": 7.62e9,
-    "smollm2_135m": 134.5e6,
+    "llama2_7b": "6.74e9",
+    "llama2_13b": "13.02e9",
+    "llama2_70b": "68.98e9",
+    "llama3_8b": "8.03e9",
+    "llama3_70b": "70.55e9",
+    "llama3_1_8b": "8.03e9",
+    "llama3_1_70b": "70.55e9",
+    "llama3_2_1b": "1.24e9",
+    "llama3_2_3b": "3.21e9",
+    "mistral_7b": "7.24e9",
+    "qwen2_7b": "7.62e9",
+    "qwen3_0_6b": "0.596e9",
+    "qwen3_8b": "8.19e9",
+    "gemma2_2b": "2.61e9",
+    "gemma2_9b": "9.24e9",
+    "smollm2_135m": "134.5e6",
 }
+# Qwen3's model cards also give the count without the embeddings (and LM head).
+PUBLISHED_NON_EMBEDDING = {"qwen3_0_6b": "0.44e9", "qwen3_8b": "6.95e9"}
+
+
+def _assert_rounds_to(count: int, published: str, name: str):
+  mantissa, exponent = published.split("e")
+  decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
+  half_unit = 0.5 * 10 ** (int(exponent) - decimals)
+  assert abs(count - float(published)) <= half_unit, (name, count, published)
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -29,8 +46,10 @@ def test_parameter_count_matches_published(name):
   count = builder.count_params(state)
   assert time.perf_counter() - start < 60, "abstract evaluation must not allocate"
   assert count == cfg.num_params()
-  # Published figures are rounded to the digits given.
-  assert abs(count - PUBLISHED[name]) / PUBLISHED[name] < 0.0015, (name, count)
+  _assert_rounds_to(count, PUBLISHED[name], name)
+  if name in PUBLISHED_NON_EMBEDDING:
+    embeddings = cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
+    _assert_rounds_to(count - embeddings, PUBLISHED_NON_EMBEDDING[name], name)
 
 
 def test_abstract_state_has_no_arrays():
@@ -39,8 +58,9 @@ def test_abstract_state_has_no_arrays():
   assert all(type(x).__name__ == "ShapeDtypeStruct" for x in leaves)
 
 
-def test_every_parameter_has_logical_axes():
-  _, state = builder.abstract_model(presets.get_preset("qwen2_7b"))
+@pytest.mark.parametrize("name", ["qwen2_7b", "qwen3_8b", "gemma2_9b"])
+def test_every_parameter_has_logical_axes(name):
+  _, state = builder.abstract_model(presets.get_preset(name))
   for name, var in builder.named_variables(state).items():
     axes = var.get_metadata("logical_axes")
     assert len(axes) == len(var.shape), name
@@ -66,10 +86,24 @@ def _grad_hlo(cfg):
   return jax.jit(jax.grad(loss)).lower(state, tokens).compile().as_text()
 
 
-def test_scanned_70b_compiles_one_layer_body():
-  """80 stacked layers compile as one scanned layer: the program size does not grow with depth."""
-  deep = presets.get_preset("llama3_70b", remat_policy="full", dtype="bfloat16")
-  shallow = deep.replace(num_layers=2)
+@pytest.mark.parametrize("name,shallow_layers", [("llama3_70b", 2), ("gemma2_9b", 4)])
+def test_scanned_model_compiles_one_layer_body(name, shallow_layers):
+  """80 stacked layers compile as one scanned layer (Gemma 2's 42 as one
+  scanned (sliding, full) pair): the program size does not grow with depth."""
+  deep = presets.get_preset(name, remat_policy="full", dtype="bfloat16")
+  shallow = deep.replace(num_layers=shallow_layers)
   deep_hlo, shallow_hlo = _grad_hlo(deep), _grad_hlo(shallow)
   assert "while" in deep_hlo
   assert deep_hlo.count(" dot(") == shallow_hlo.count(" dot(")
+
+
+@pytest.mark.parametrize("name", ["llama3_2_1b", "mistral_7b", "qwen2_7b", "qwen3_0_6b",
+                                  "gemma2_2b"])
+def test_family_infers_shapes_from_saved_parameters(name):
+  """What `inference.loading` reads from an Orbax checkpoint's metadata: the
+  family's shape inference gives back the preset's shape fields."""
+  cfg = presets.get_preset(name)
+  _, state = builder.abstract_model(cfg)
+  shapes = {tuple(path): tuple(v.shape) for path, v in nnx.to_flat_state(state)}
+  inferred = families.for_config(cfg).shape_fields(shapes)
+  assert inferred == {k: getattr(cfg, k) for k in inferred}

@@ -8,13 +8,13 @@ reward model itself over the mesh.
 
 from helpsteer_jax.inference.attribute_scorer import (
     AttributeScorer, DemoRuleScorer, MeshScorer, load_scorer)
-from helpsteer_jax.inference.decode import Decoder
+from helpsteer_jax.inference.decode import Sampler
 from helpsteer_jax.inference.generator import Generator
 from helpsteer_jax.inference.sampling import SamplingConfig
 from helpsteer_jax.inference.scoring import RewardModelScorer
 from helpsteer_jax.inference.segment_scores import score_pairs
 
 __all__ = [
-    "AttributeScorer", "Decoder", "DemoRuleScorer", "Generator", "MeshScorer",
-    "RewardModelScorer", "SamplingConfig", "load_scorer", "score_pairs",
+    "AttributeScorer", "DemoRuleScorer", "Generator", "MeshScorer",
+    "RewardModelScorer", "Sampler", "SamplingConfig", "load_scorer", "score_pairs",
 ]

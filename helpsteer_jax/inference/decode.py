@@ -27,7 +27,6 @@ from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import sampling as sampling_lib
 from helpsteer_jax.models.kv_cache import KVCache
-from helpsteer_jax.models.llama import Llama
 
 MIN_PROMPT_BUCKET = 16
 
@@ -108,7 +107,7 @@ def _generate(state, tokens, prompt_lengths, key, *, graphdef, rules, pad_id,
     return out, lengths, done
 
 
-class Decoder:
+class Sampler:
   """Decodes token-id prompts with a model laid out on a mesh.
 
   `max_length` caps prompt + new tokens (the KV cache length; default the
@@ -116,7 +115,7 @@ class Decoder:
   `min_batch` rows (a task with a fixed batch size compiles once).
   """
 
-  def __init__(self, model: Llama, mesh: Mesh,
+  def __init__(self, model: nnx.Module, mesh: Mesh,
                rules: sharding_lib.Rules = sharding_lib.DEFAULT_RULES,
                max_length: int | None = None, pad_id: int = 0, min_batch: int = 1):
     self.cfg = model.cfg

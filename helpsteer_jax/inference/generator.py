@@ -1,4 +1,4 @@
-"""Text in, text out: tokenization, stop strings and detokenization around `Decoder`.
+"""Text in, text out: tokenization, stop strings and detokenization around `Sampler`.
 
 A stop string that is one token (the SteerLM turn marker `<extra_id_1>` in
 NeMo's and the demo tokenizers) becomes a stop id checked inside the decode
@@ -72,14 +72,14 @@ def eos_ids(tokenizer: Any, model_eos: int | Sequence[int] | None) -> tuple[int,
 
 
 class Generator:
-  """Completes text prompts with a `Decoder` and a tokenizer."""
+  """Completes text prompts with a `Sampler` and a tokenizer."""
 
-  def __init__(self, decoder: decode.Decoder, tokenizer: Any,
+  def __init__(self, sampler: decode.Sampler, tokenizer: Any,
                stop_strings: Sequence[str] = DEFAULT_STOP_STRINGS, add_bos: bool = True):
-    self.decoder, self.tokenizer = decoder, tokenizer
+    self.sampler, self.tokenizer = sampler, tokenizer
     self.stop_strings = tuple(stop_strings)
     self.add_bos = add_bos
-    self.eos_ids = eos_ids(tokenizer, decoder.cfg.eos_token_id)
+    self.eos_ids = eos_ids(tokenizer, sampler.cfg.eos_token_id)
     self.stop = stop_tokens(tokenizer, self.stop_strings, self.eos_ids)
 
   def encode(self, prompt: str) -> list[int]:
@@ -93,7 +93,7 @@ class Generator:
     for i, p in enumerate(prompts):
       if not p:
         raise ConfigError(f"prompt {i} is empty: give some text to continue")
-    result = self.decoder.generate([self.encode(p) for p in prompts], max_new_tokens,
+    result = self.sampler.generate([self.encode(p) for p in prompts], max_new_tokens,
                                    sampling=sampling, seed=seed, stop=self.stop)
     out = []
     for i in range(len(prompts)):

@@ -5,9 +5,9 @@ export every training task writes). `config.checkpoint` restores only the
 parameters of an Orbax checkpoint written by any training task: a task's
 workdir or its `checkpoints/` directory, the latest step unless
 `config.checkpoint_step` is set. The shapes (vocabulary, widths, layers,
-heads, tied embeddings, QKV bias) are read from the checkpoint's metadata;
-the preset supplies the rest (RoPE, norm epsilon, token ids), so pass the
-training run's `model.preset`. Shape flags given explicitly must match the
+heads, tied embeddings, QKV bias) are read from the checkpoint's metadata
+by the preset's model family; the preset supplies the rest (family knobs,
+RoPE, norm epsilon, token ids), so pass the training run's `model.preset`. Shape flags given explicitly must match the
 checkpoint (a mismatch names the parameter that differs).
 """
 
@@ -21,8 +21,7 @@ from flax import nnx
 
 from helpsteer_jax import runtime
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.models import builder, hf
-from helpsteer_jax.models.llama import Llama
+from helpsteer_jax.models import builder, families, hf
 from helpsteer_jax.train import checkpoint as ckpt_lib
 
 
@@ -38,23 +37,7 @@ def checkpoint_dir(path: str | pathlib.Path) -> pathlib.Path:
                     " --config.model.hf_path for an HF directory")
 
 
-def shape_fields(shapes: dict[tuple[str, ...], tuple[int, ...]]) -> dict:
-  """`ModelConfig` shape fields from saved parameter shapes (`Llama` layout)."""
-  try:
-    vocab, hidden = shapes[("embed",)]
-    layers, _, heads, head_dim = shapes[("layers", "attn", "q_proj")]
-    kv_heads = shapes[("layers", "attn", "k_proj")][2]
-    intermediate = shapes[("layers", "mlp", "gate_proj")][2]
-  except (KeyError, ValueError) as e:
-    raise ConfigError(f"the checkpoint does not hold a Llama decoder's parameters"
-                      f" (missing or odd {e}); it may be another model's checkpoint") from None
-  return dict(vocab_size=vocab, hidden_size=hidden, num_layers=layers, num_heads=heads,
-              num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=intermediate,
-              tie_word_embeddings=("lm_head",) not in shapes,
-              attention_bias=("layers", "attn", "q_bias") in shapes)
-
-
-def load_model(config: ml_collections.ConfigDict, rt: runtime.Runtime) -> Llama:
+def load_model(config: ml_collections.ConfigDict, rt: runtime.Runtime) -> nnx.Module:
   """The sharded model from `config.checkpoint`, `model.hf_path` or the preset."""
   if config.checkpoint and config.model.hf_path:
     raise ConfigError("set either --config.checkpoint (Orbax) or --config.model.hf_path"
@@ -63,9 +46,10 @@ def load_model(config: ml_collections.ConfigDict, rt: runtime.Runtime) -> Llama:
     return runtime.build_model(config, rt)
   directory = checkpoint_dir(config.checkpoint)
   shapes, step = ckpt_lib.param_shapes(directory, config.checkpoint_step)
-  inferred = shape_fields(shapes)
+  base = runtime.model_config(config)
+  inferred = families.for_config(base).shape_fields(shapes)
   explicit = {k for k in inferred if config.model.get(k) is not None}
-  cfg = runtime.model_config(config).replace(
+  cfg = base.replace(
       **{k: v for k, v in inferred.items() if k not in explicit})
   builder.validate_model_on_mesh(cfg, rt.mesh, rt.rules)
   graphdef, abstract = builder.abstract_model(cfg)

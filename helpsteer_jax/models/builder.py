@@ -1,4 +1,5 @@
-"""Abstract construction, sharding specs and sharded materialisation."""
+"""Model construction (every family's, through the registry), abstract
+shapes, sharding specs and sharded materialisation."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from helpsteer_jax import sharding as sharding_lib
+from helpsteer_jax.models import families
 from helpsteer_jax.models.config import ModelConfig
-from helpsteer_jax.models.llama import LOGICAL_AXES, Llama
+from helpsteer_jax.models.layers import LOGICAL_AXES
 
 
 def _is_var(x: Any) -> bool:
@@ -23,8 +25,14 @@ def abstract_module(make: Callable[[], nnx.Module]) -> tuple[nnx.GraphDef, nnx.S
   return nnx.split(nnx.eval_shape(make))
 
 
+def new_model(cfg: ModelConfig, seed: int = 0) -> nnx.Module:
+  """The family's module for `cfg`, initialised on the default device (or under
+  `nnx.eval_shape` / a jitted initialiser)."""
+  return families.for_config(cfg).module(cfg, rngs=nnx.Rngs(seed))
+
+
 def abstract_model(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
-  return abstract_module(lambda: Llama(cfg, rngs=nnx.Rngs(0)))
+  return abstract_module(lambda: new_model(cfg))
 
 
 def logical_axes_tree(state: nnx.State) -> Any:
@@ -101,14 +109,14 @@ def materialize(make: Callable[[], nnx.Module], mesh: Mesh,
 _FAST_COMPILE = {"xla_backend_optimization_level": 0}
 
 
-def create(cfg: ModelConfig, seed: int = 0) -> Llama:
+def create(cfg: ModelConfig, seed: int = 0) -> nnx.Module:
   """An unsharded model on the default device (tests, small tools)."""
   mesh = sharding_lib.make_mesh((1, 1, 1), jax.devices()[:1])
-  return materialize(lambda: Llama(cfg, rngs=nnx.Rngs(seed)), mesh, sharding_lib.DEFAULT_RULES)
+  return materialize(lambda: new_model(cfg, seed), mesh, sharding_lib.DEFAULT_RULES)
 
 
 def init_model(cfg: ModelConfig, mesh: Mesh, rules: sharding_lib.Rules,
-               seed: int = 0) -> Llama:
-  """A randomly initialised, sharded `Llama`."""
+               seed: int = 0) -> nnx.Module:
+  """A randomly initialised, sharded model of `cfg`'s family."""
   validate_model_on_mesh(cfg, mesh, rules)
-  return materialize(lambda: Llama(cfg, rngs=nnx.Rngs(seed)), mesh, rules)
+  return materialize(lambda: new_model(cfg, seed), mesh, rules)

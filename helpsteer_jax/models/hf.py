@@ -1,4 +1,4 @@
-"""Hugging Face checkpoint import / export for Llama, Mistral and Qwen2.
+"""Hugging Face checkpoint import / export for every registered family.
 
 Import streams a safetensors checkpoint onto a device mesh one tensor (and
 for stacked layer parameters one layer) at a time, so the host never holds
@@ -6,19 +6,18 @@ more than one layer's tensor and every parameter is born sharded; each
 process reads only the blocks of that tensor its own devices hold. Export
 gathers one layer of one parameter at a time (onto every process) and
 process 0 streams it into safetensors files that
-`transformers.AutoModelForCausalLM` loads.
+`transformers.AutoModelForCausalLM` loads. What differs between families
+(config keys, tensor names) comes from `models.families`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
-import math
 import os
 import shutil
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -27,14 +26,14 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from helpsteer_jax import sharding as sharding_lib
-from helpsteer_jax.models import builder
+from helpsteer_jax.models import builder, families
 from helpsteer_jax.models import safetensors_io as st
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models.config import ModelConfig
+from helpsteer_jax.models.families import (
+    ARCHITECTURES, ParamMapping, block_ranges, config_from_hf, config_to_hf)
 from helpsteer_jax.models.hf_config import (
-    ARCHITECTURES, UnsupportedCheckpointError, config_from_hf, config_to_hf,
-    generation_config, read_hf_config)
-from helpsteer_jax.models.llama import Llama
+    UnsupportedCheckpointError, generation_config, read_hf_config)
 
 __all__ = [
     "ARCHITECTURES", "CheckpointError", "ParamMapping", "TOKENIZER_FILES",
@@ -55,110 +54,9 @@ class CheckpointError(ConfigError):
   """A checkpoint tensor is missing or has an unexpected shape."""
 
 
-# ---------------------------------------------------------------------------
-# Tensor mapping. HF Linear weights are [out, in]; ours are [in, ...out].
-
-
-@dataclasses.dataclass(frozen=True)
-class ParamMapping:
-  """How one of our parameters relates to a HF tensor (`{i}` = layer).
-
-  Ours (one layer of it, for stacked layer parameters) is the HF tensor,
-  transposed if `transpose`, with axis j of the result split into the axes
-  `axes[j]`: q_proj's `[n * hd, d] -> [d, n, hd]` is `transpose=True,
-  axes=((d,), (n, hd))`.
-  """
-
-  path: tuple[str, ...]
-  hf_name: str
-  axes: tuple[tuple[int, ...], ...]
-  transpose: bool = False
-
-  @property
-  def layered(self) -> bool:
-    return "{i}" in self.hf_name
-
-  @property
-  def shape(self) -> tuple[int, ...]:
-    """Our shape (of one layer)."""
-    return tuple(n for group in self.axes for n in group)
-
-  @property
-  def hf_shape(self) -> tuple[int, ...]:
-    merged = tuple(math.prod(group) for group in self.axes)
-    return merged[::-1] if self.transpose else merged
-
-  def to_ours(self, x: np.ndarray, shape: tuple[int, ...] | None = None) -> np.ndarray:
-    """A HF tensor (or a block of it, which is `shape` in our layout) as ours."""
-    return (x.T if self.transpose else x).reshape(shape or self.shape)
-
-  def to_hf(self, a: np.ndarray) -> np.ndarray:
-    merged = a.reshape(tuple(math.prod(group) for group in self.axes))
-    return merged.T if self.transpose else merged
-
-  def read(self, get: Callable[[st.Index], np.ndarray], index: st.Index) -> np.ndarray:
-    """Our block `index` (a slice per axis), read with `get(hf_index)`.
-
-    `get` is asked for the bounding block of the HF tensor only: where one
-    HF axis is split into several of ours (heads and head_dim), for whole
-    runs of the inner axes; the rest is sliced off after the conversion.
-    """
-    bounds, shape, rest = [], [], []
-    ranges = iter(_ranges(index, self.shape))
-    for group in self.axes:
-      (start, stop), *inner = (next(ranges) for _ in group)
-      run = math.prod(group[1:])
-      bounds.append(slice(start * run, stop * run))
-      shape += [stop - start, *group[1:]]
-      rest += [slice(None), *(slice(*r) for r in inner)]
-    hf_index = tuple(bounds[::-1] if self.transpose else bounds)
-    return self.to_ours(get(hf_index), tuple(shape))[tuple(rest)]
-
-
-def _ranges(index: st.Index, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-  """(start, stop) of each axis of a block index with unit steps."""
-  out = []
-  for sl, n in zip(index + (slice(None),) * (len(shape) - len(index)), shape):
-    start, stop, step = sl.indices(n)
-    if step != 1:
-      raise ValueError(f"block index {index} has a step")
-    out.append((start, stop))
-  return tuple(out)
-
-
 def param_mappings(cfg: ModelConfig) -> list[ParamMapping]:
-  """Every parameter of `Llama(cfg)` with its HF name and layout."""
-  d, f, v, hd = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
-  h, k = cfg.num_heads, cfg.num_kv_heads
-  pre = "model.layers.{i}."
-
-  def attn(name: str, theirs: str, axes: tuple[tuple[int, ...], ...],
-           transpose: bool = True) -> ParamMapping:
-    return ParamMapping(("layers", "attn", name), f"{pre}self_attn.{theirs}", axes, transpose)
-
-  def norm(ours: str, theirs: str) -> ParamMapping:
-    return ParamMapping(("layers", ours, "scale"), f"{pre}{theirs}.weight", ((d,),))
-
-  def mlp(name: str, axes: tuple[tuple[int, ...], ...]) -> ParamMapping:
-    return ParamMapping(("layers", "mlp", name), f"{pre}mlp.{name}.weight", axes, True)
-
-  out = [ParamMapping(("embed",), "model.embed_tokens.weight", ((v,), (d,))),
-         norm("input_norm", "input_layernorm"),
-         attn("q_proj", "q_proj.weight", ((d,), (h, hd))),
-         attn("k_proj", "k_proj.weight", ((d,), (k, hd))),
-         attn("v_proj", "v_proj.weight", ((d,), (k, hd)))]
-  if cfg.attention_bias:
-    out += [attn("q_bias", "q_proj.bias", ((h, hd),), False),
-            attn("k_bias", "k_proj.bias", ((k, hd),), False),
-            attn("v_bias", "v_proj.bias", ((k, hd),), False)]
-  out += [attn("o_proj", "o_proj.weight", ((h, hd), (d,))),
-          norm("post_attention_norm", "post_attention_layernorm"),
-          mlp("gate_proj", ((d,), (f,))), mlp("up_proj", ((d,), (f,))),
-          mlp("down_proj", ((f,), (d,))),
-          ParamMapping(("final_norm", "scale"), "model.norm.weight", ((d,),))]
-  if not cfg.tie_word_embeddings:
-    out.append(ParamMapping(("lm_head",), "lm_head.weight", ((d,), (v,)), True))
-  return out
+  """Every parameter of `cfg`'s model with its HF name and layout (per family)."""
+  return families.for_config(cfg).param_mappings(cfg)
 
 
 def hf_tensor_names(cfg: ModelConfig) -> list[str]:
@@ -202,7 +100,7 @@ def _read_sharded(reader: st.CheckpointReader, m: ParamMapping, name: str,
   blocks: dict[tuple[tuple[int, int], ...], np.ndarray] = {}
 
   def block(index: st.Index) -> np.ndarray:
-    key = _ranges(index, m.shape)
+    key = block_ranges(index, m.shape)
     if key not in blocks:
       blocks[key] = m.read(lambda hf_index: reader.get(name, hf_index), index).astype(
           dtype, copy=False)
@@ -278,8 +176,8 @@ def load_hf_state(path: str | os.PathLike, cfg: ModelConfig, mesh: Mesh,
 
 def load_hf_model(path: str | os.PathLike, mesh: Mesh | None = None,
                   rules: sharding_lib.Rules = sharding_lib.DEFAULT_RULES,
-                  **config_overrides: Any) -> Llama:
-  """A sharded `Llama` from a HF checkpoint directory.
+                  **config_overrides: Any) -> nnx.Module:
+  """A sharded model (of the checkpoint's family) from a HF checkpoint directory.
 
   `mesh` defaults to a one-device mesh; `config_overrides` go to
   `config_from_hf` (e.g. `param_dtype="bfloat16"`, `attention_impl=...`).
@@ -327,7 +225,7 @@ def copy_tokenizer_files(src_dir: str | os.PathLike, out_dir: str | os.PathLike
   return found
 
 
-def save_hf_model(model: Llama, out_dir: str | os.PathLike, dtype: str = "bfloat16",
+def save_hf_model(model: nnx.Module, out_dir: str | os.PathLike, dtype: str = "bfloat16",
                   max_shard_bytes: int = 5 * 2**30, tokenizer: Any = None) -> list[str]:
   """Writes `model` as a HF checkpoint; returns the safetensors file names.
 

@@ -1,4 +1,8 @@
-"""HF `config.json` <-> `ModelConfig` for Llama, Mistral and Qwen2."""
+"""The family-independent half of HF `config.json` <-> `ModelConfig`.
+
+Each family (`models/families`) adds its own keys and checks; the
+dispatch on `model_type` is `families.config_from_hf` / `config_to_hf`.
+"""
 
 from __future__ import annotations
 
@@ -14,9 +18,6 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models.config import ModelConfig, RopeScaling
 
 logger = logging.getLogger(__name__)
-
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                 "qwen2": "Qwen2ForCausalLM"}
 
 
 class UnsupportedCheckpointError(ConfigError):
@@ -62,44 +63,11 @@ def _rope_from_hf(raw: Mapping[str, Any], problems: list[str]
   return theta, None
 
 
-def config_from_hf(path_or_dict: str | os.PathLike | Mapping[str, Any],
-                   **overrides: Any) -> ModelConfig:
-  """A `ModelConfig` from a HF llama / mistral / qwen2 `config.json`.
-
-  `overrides` (e.g. `param_dtype`, `attention_impl`) are applied last.
-  Raises `UnsupportedCheckpointError` for features the model lacks.
-  """
-  raw = read_hf_config(path_or_dict)
-  model_type = raw.get("model_type")
-  if model_type not in ARCHITECTURES:
-    raise UnsupportedCheckpointError(
-        f"HF model_type {model_type!r} is not supported; supported:"
-        f" {sorted(ARCHITECTURES)}")
-  problems = []
-  act = raw.get("hidden_act", "silu")
-  if act not in ("silu", "swish"):
-    problems.append(f"hidden_act={act!r} (only 'silu' SwiGLU MLPs are implemented)")
-  if raw.get("mlp_bias"):
-    problems.append("mlp_bias=true (MLP biases are not implemented)")
-  if model_type == "qwen2":
-    if raw.get("use_sliding_window"):
-      problems.append("use_sliding_window=true (Qwen2 sliding-window attention"
-                      " is not implemented)")
-  elif raw.get("attention_bias"):
-    problems.append("attention_bias=true (HF Llama then also has an o_proj bias,"
-                    " which is not implemented)")
-  rope_theta, rope_scaling = _rope_from_hf(raw, problems)
-  if problems:
-    raise UnsupportedCheckpointError(
-        f"Unsupported {model_type} checkpoint config: " + "; ".join(problems))
-  archs = raw.get("architectures") or [ARCHITECTURES[model_type]]
-  arch = archs[0]
-  if not arch.endswith("ForCausalLM"):
-    logger.warning("Checkpoint architecture %s is not a causal LM; importing"
-                   " the decoder as %s", arch, ARCHITECTURES[model_type])
-    arch = ARCHITECTURES[model_type]
+def common_fields(raw: Mapping[str, Any], problems: list[str]) -> dict[str, Any]:
+  """The `ModelConfig` fields every family's `config.json` spells the same way."""
   heads = int(raw["num_attention_heads"])
-  fields: dict[str, Any] = dict(
+  rope_theta, rope_scaling = _rope_from_hf(raw, problems)
+  return dict(
       vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
       intermediate_size=int(raw["intermediate_size"]),
       num_layers=int(raw["num_hidden_layers"]), num_heads=heads,
@@ -109,40 +77,45 @@ def config_from_hf(path_or_dict: str | os.PathLike | Mapping[str, Any],
       rope_theta=rope_theta, rope_scaling=rope_scaling,
       max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
       tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-      attention_bias=model_type == "qwen2",
-      sliding_window=raw.get("sliding_window") if model_type == "mistral" else None,
       bos_token_id=raw.get("bos_token_id"), eos_token_id=raw.get("eos_token_id"),
       pad_token_id=raw.get("pad_token_id"),
-      initializer_range=float(raw.get("initializer_range", 0.02)),
-      hf_architecture=arch, hf_model_type=model_type)
-  fields.update(overrides)
-  return ModelConfig(**fields)
+      initializer_range=float(raw.get("initializer_range", 0.02)))
 
 
-def config_to_hf(cfg: ModelConfig, dtype: str = "bfloat16") -> dict[str, Any]:
-  """A `config.json` dict that transformers 5 (and 4) load into this model.
+def check_activation(raw: Mapping[str, Any], key: str, allowed: tuple[str, ...],
+                     problems: list[str], default: str) -> None:
+  act = raw.get(key, default)
+  if act not in allowed:
+    problems.append(f"{key}={act!r} (only {allowed[0]!r} is implemented for this family)")
+
+
+def architecture(raw: Mapping[str, Any], default: str) -> str:
+  """The causal-LM class name from `architectures` (the family's if it is another head)."""
+  arch = (raw.get("architectures") or [default])[0]
+  if not arch.endswith("ForCausalLM"):
+    logger.warning("Checkpoint architecture %s is not a causal LM; importing"
+                   " the decoder as %s", arch, default)
+    arch = default
+  return arch
+
+
+def common_to_hf(cfg: ModelConfig, dtype: str = "bfloat16") -> dict[str, Any]:
+  """The `config.json` keys every family writes the same way.
 
   RoPE is written both as v5 `rope_parameters` and v4 `rope_theta` /
   `rope_scaling`; transformers 5 reads them consistently.
   """
-  model_type = cfg.hf_model_type
-  if model_type not in ARCHITECTURES:
-    raise UnsupportedCheckpointError(f"Cannot export model_type {model_type!r}")
-  if cfg.attention_bias != (model_type == "qwen2"):
-    raise UnsupportedCheckpointError(
-        f"attention_bias={cfg.attention_bias} has no HF {model_type} equivalent"
-        " (HF qwen2 always has q/k/v biases; llama and mistral have none here)")
   rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
   if cfg.rope_scaling is not None:
     rope = {"rope_type": "llama3", "rope_theta": cfg.rope_theta,
             **dataclasses.asdict(cfg.rope_scaling)}
   eos = list(cfg.eos_token_id) if isinstance(cfg.eos_token_id, tuple) else cfg.eos_token_id
-  out: dict[str, Any] = dict(
-      architectures=[cfg.hf_architecture], model_type=model_type,
+  return dict(
+      architectures=[cfg.hf_architecture], model_type=cfg.hf_model_type,
       vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
       intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
       num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
-      head_dim=cfg.head_dim, hidden_act="silu",
+      head_dim=cfg.head_dim,
       max_position_embeddings=cfg.max_position_embeddings,
       initializer_range=cfg.initializer_range, rms_norm_eps=cfg.rms_norm_eps,
       rope_parameters=rope, rope_theta=cfg.rope_theta,
@@ -151,15 +124,6 @@ def config_to_hf(cfg: ModelConfig, dtype: str = "bfloat16") -> dict[str, Any]:
       tie_word_embeddings=cfg.tie_word_embeddings, bos_token_id=cfg.bos_token_id,
       eos_token_id=eos, pad_token_id=cfg.pad_token_id, attention_dropout=0.0,
       use_cache=True, dtype=str(jnp.dtype(dtype)))
-  if model_type == "llama":
-    out.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
-  elif model_type == "mistral":
-    out.update(sliding_window=cfg.sliding_window)
-  else:
-    out.update(use_sliding_window=False, sliding_window=None)
-    if cfg.head_dim == cfg.hidden_size // cfg.num_heads:
-      del out["head_dim"]  # not a Qwen2Config field; implied
-  return out
 
 
 def generation_config(cfg: ModelConfig) -> dict[str, Any]:

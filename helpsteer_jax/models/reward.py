@@ -1,6 +1,6 @@
 """The regression reward model (SteerLM Attribute Prediction Model).
 
-The Llama backbone without its LM head, plus a linear head (hidden -> 9,
+The decoder backbone (any family) without its LM head, plus a linear head (hidden -> 9,
 with bias, fp32) in NeMo-Aligner's attribute order (`records.ATTRIBUTES`).
 The head reads the final-norm hidden state of the last real token of a
 sequence: the last token of `<extra_id_2>` in the regression format.
@@ -13,8 +13,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from helpsteer_jax.data.records import ATTRIBUTES
+from helpsteer_jax.models import builder
 from helpsteer_jax.models.config import ModelConfig
-from helpsteer_jax.models.llama import LOGICAL_AXES, Llama
+from helpsteer_jax.models.layers import LOGICAL_AXES
 
 NUM_ATTRIBUTES = len(ATTRIBUTES)
 
@@ -45,7 +46,7 @@ def last_token_index(segment_ids: jax.Array) -> jax.Array:
 class RewardModel(nnx.Module):
   """Backbone (no LM head) + `RewardHead`."""
 
-  def __init__(self, backbone: Llama, num_outputs: int = NUM_ATTRIBUTES):
+  def __init__(self, backbone: nnx.Module, num_outputs: int = NUM_ATTRIBUTES):
     if hasattr(backbone, "lm_head"):
       del backbone.lm_head  # a reward model predicts no tokens
     self.cfg: ModelConfig = backbone.cfg
@@ -73,7 +74,7 @@ class RewardModel(nnx.Module):
 
 def reward_model(cfg: ModelConfig, seed: int = 0) -> RewardModel:
   """A fresh (random backbone, zero head) reward model; used under eval_shape."""
-  return RewardModel(Llama(cfg, rngs=nnx.Rngs(seed)))
+  return RewardModel(builder.new_model(cfg, seed))
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:

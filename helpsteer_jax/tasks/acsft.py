@@ -13,7 +13,6 @@ import pathlib
 
 import ml_collections
 from absl import logging
-from flax import nnx
 
 from helpsteer_jax import runtime
 from helpsteer_jax.data import pipeline
@@ -23,7 +22,7 @@ from helpsteer_jax.data.features.tokenize import FeatureReport
 from helpsteer_jax.data.formats.helpsteer import load_conversations
 from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.losses.sft import sft_loss
-from helpsteer_jax.models.llama import Llama
+from helpsteer_jax.models import builder
 from helpsteer_jax.tasks import common
 from helpsteer_jax.train import abstract_step, loop
 from helpsteer_jax.train import state as state_lib
@@ -44,7 +43,7 @@ def abstract_train_step(config: ml_collections.ConfigDict,
   model_cfg = runtime.model_config(config, weights=False)
   schema, dims = batch_schema(config)
   return abstract_step.trainer_step_spec(
-      config, rt, lambda: Llama(model_cfg, rngs=nnx.Rngs(0)), loss_fn(config),
+      config, rt, lambda: builder.new_model(model_cfg), loss_fn(config),
       schema.row_fields(**dims), model_cfg.flops_per_token(config.train.seq_len))
 
 

@@ -18,7 +18,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 from absl import logging
-from flax import nnx
 
 from helpsteer_jax import runtime
 from helpsteer_jax.data.batches import CACHED_PAIR_BATCH, PAIR_BATCH, BatchSchema
@@ -28,7 +27,7 @@ from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.losses import dpo2d
 from helpsteer_jax.losses.pair_logprobs import preference_loss
-from helpsteer_jax.models.llama import Llama
+from helpsteer_jax.models import builder
 from helpsteer_jax.tasks import common
 from helpsteer_jax.train import abstract_step, loop, reference
 from helpsteer_jax.train import checkpoint as ckpt_lib
@@ -123,7 +122,7 @@ def abstract_train_step(config: ml_collections.ConfigDict,
   loss = functools.partial(preference_loss, cfg=cfg, chunk_size=config.train.loss_chunk_size,
                            vocab_chunk=config.loss.vocab_chunk_size)
   return abstract_step.trainer_step_spec(
-      config, rt, lambda: Llama(model_cfg, rngs=nnx.Rngs(0)), loss,
+      config, rt, lambda: builder.new_model(model_cfg), loss,
       schema.row_fields(**dims), per_token, tokens_per_row=2 * n,
       frozen_params=on_the_fly)
 

@@ -31,7 +31,7 @@ from helpsteer_jax.inference import best_of_n as best_of_n_lib
 from helpsteer_jax.inference import chat as chat_lib
 from helpsteer_jax.inference import loading, steering
 from helpsteer_jax.inference.attribute_scorer import load_scorer
-from helpsteer_jax.inference.decode import Decoder
+from helpsteer_jax.inference.decode import Sampler
 from helpsteer_jax.inference.generator import Generator
 from helpsteer_jax.inference.sampling import SamplingConfig
 from helpsteer_jax.models import hf
@@ -61,9 +61,9 @@ def build_generator(config: ml_collections.ConfigDict, rt: runtime.Runtime,
   pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
   # Files decode full batches (one compile); chat decodes one conversation.
   min_batch = config.batch_size if config.mode == "file" else 1
-  decoder = Decoder(model, rt.mesh, rt.rules, max_length=config.max_length or None,
+  sampler = Sampler(model, rt.mesh, rt.rules, max_length=config.max_length or None,
                     pad_id=pad, min_batch=min_batch)
-  return Generator(decoder, tokenizer, tuple(config.stop_strings), add_bos=config.add_bos)
+  return Generator(sampler, tokenizer, tuple(config.stop_strings), add_bos=config.add_bos)
 
 
 def _same_request(row: dict, req: steering.Request) -> bool:
@@ -136,8 +136,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   start = time.perf_counter()
   done = answer_all(generator, requests, config, sampling, out_path)
   seconds = time.perf_counter() - start
-  logging.info("compiled decode variants: %d", generator.decoder.compiled_variants)
-  multihost.report_split("generate: rows decoded", generator.decoder.local_rows)
+  logging.info("compiled decode variants: %d", generator.sampler.compiled_variants)
+  multihost.report_split("generate: rows decoded", generator.sampler.local_rows)
   if jax.process_index() == 0:
     print(f"generate: answered {len(requests) - done} prompts in {seconds:.1f}s"
           f" ({done} already answered) -> {out_path}")

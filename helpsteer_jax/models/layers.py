@@ -1,0 +1,188 @@
+"""The decoder layer every family shares, as Flax NNX modules.
+
+One layer covers Llama, Mistral, Qwen2, Qwen3 and Gemma 2 through the
+`ModelConfig` knobs: QKV bias, q/k norms, the gated MLP's activation,
+sandwich norms, (1 + weight) RMSNorm, query scale, attention soft-cap and
+a per-layer sliding window (static: the stack groups layers by window).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from helpsteer_jax.models import attention as attention_lib
+from helpsteer_jax.models import kv_cache
+from helpsteer_jax.models.config import ModelConfig
+from helpsteer_jax.models.rope import apply_rope
+from helpsteer_jax.models.swiglu import gated_mlp
+from helpsteer_jax.sharding import constrain
+
+LOGICAL_AXES = "logical_axes"
+
+
+def param(rngs: nnx.Rngs | None, shape: tuple[int, ...], axes: tuple[str | None, ...],
+          cfg: ModelConfig, init: str = "normal") -> nnx.Param:
+  dtype = cfg.weight_dtype
+  if init == "normal":
+    value = cfg.initializer_range * jax.random.normal(rngs.params(), shape, dtype)
+  elif init == "ones":
+    value = jnp.ones(shape, dtype)
+  else:
+    value = jnp.zeros(shape, dtype)
+  return nnx.Param(value, **{LOGICAL_AXES: axes})
+
+
+def _w(p: nnx.Param, dtype) -> jax.Array:
+  return p[...].astype(dtype)
+
+
+class RMSNorm(nnx.Module):
+  """HF LlamaRMSNorm (normalise in fp32, cast back, then scale), or with
+  `norm_unit_offset` Gemma's (scale by 1 + weight in fp32, then cast)."""
+
+  def __init__(self, dim: int, cfg: ModelConfig, axis: str = "embed"):
+    self.eps = cfg.rms_norm_eps
+    self.unit_offset = cfg.norm_unit_offset
+    self.scale = param(None, (dim,), (axis,), cfg, init="zeros" if self.unit_offset else "ones")
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    if self.unit_offset:
+      return (x32 * (1.0 + self.scale[...].astype(jnp.float32))).astype(x.dtype)
+    return self.scale[...].astype(x.dtype) * x32.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+  """Grouped-query self-attention with RoPE, optional QKV bias and q/k norms."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    d, h, k, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    self.q_proj = param(rngs, (d, h, hd), ("embed", "heads", "head_dim"), cfg)
+    self.k_proj = param(rngs, (d, k, hd), ("embed", "kv_heads", "head_dim"), cfg)
+    self.v_proj = param(rngs, (d, k, hd), ("embed", "kv_heads", "head_dim"), cfg)
+    self.o_proj = param(rngs, (h, hd, d), ("heads", "head_dim", "embed"), cfg)
+    if cfg.attention_bias:
+      self.q_bias = param(None, (h, hd), ("heads", "head_dim"), cfg, "zeros")
+      self.k_bias = param(None, (k, hd), ("kv_heads", "head_dim"), cfg, "zeros")
+      self.v_bias = param(None, (k, hd), ("kv_heads", "head_dim"), cfg, "zeros")
+    if cfg.qk_norm:
+      self.q_norm = RMSNorm(hd, cfg, axis="head_dim")
+      self.k_norm = RMSNorm(hd, cfg, axis="head_dim")
+
+  def project_qkv(self, x: jax.Array, cos: jax.Array, sin: jax.Array):
+    dt = self.cfg.compute_dtype
+    q = jnp.einsum("btd,dhk->bthk", x, _w(self.q_proj, dt))
+    k = jnp.einsum("btd,dhk->bthk", x, _w(self.k_proj, dt))
+    v = jnp.einsum("btd,dhk->bthk", x, _w(self.v_proj, dt))
+    if self.cfg.attention_bias:
+      q = q + _w(self.q_bias, dt)
+      k = k + _w(self.k_bias, dt)
+      v = v + _w(self.v_bias, dt)
+    if self.cfg.qk_norm:
+      with jax.named_scope("qk_norm"):
+        q, k = self.q_norm(q), self.k_norm(k)
+    q = constrain(apply_rope(q, cos, sin), ("batch", "length", "heads", "head_dim"))
+    k = constrain(apply_rope(k, cos, sin), ("batch", "length", "kv_heads", "head_dim"))
+    v = constrain(v, ("batch", "length", "kv_heads", "head_dim"))
+    return q, k, v
+
+  def output(self, attn: jax.Array) -> jax.Array:
+    return jnp.einsum("bthk,hkd->btd", attn, _w(self.o_proj, self.cfg.compute_dtype))
+
+  def _knobs(self, window: int | None) -> dict:
+    return dict(scale=self.cfg.attention_scale, window=window,
+                softcap=self.cfg.attn_logit_softcap)
+
+  def _attend(self, q, k, v, info, window):
+    return attention_lib.attention(q, k, v, info, self.cfg.attention_impl,
+                                   self.cfg.attention_block_size, **self._knobs(window))
+
+  def __call__(self, x, cos, sin, info: attention_lib.MaskInfo,
+               window: int | None = None) -> jax.Array:
+    return self.output(self._attend(*self.project_qkv(x, cos, sin), info, window))
+
+  def with_cache(self, x, cos, sin, info: attention_lib.MaskInfo, kv, layer, start,
+                 prefill: bool, window: int | None = None):
+    """Attention that also writes this call's keys and values into the cache.
+
+    `kv` is the (keys, values) pair of stacked cache buffers. A prefill (into
+    an empty cache) attends over its own tokens with the configured kernel;
+    a decode step attends over the cached layer (`cached_attention`).
+    """
+    q, k, v = self.project_qkv(x, cos, sin)
+    kv = (kv_cache.write(kv[0], layer, start, k), kv_cache.write(kv[1], layer, start, v))
+    if prefill:
+      out = self._attend(q, k, v, info, window)
+    else:
+      out = attention_lib.cached_attention(
+          q, kv_cache.read(kv[0], layer), kv_cache.read(kv[1], layer), info,
+          **self._knobs(window))
+    return self.output(out), kv
+
+
+class MLP(nnx.Module):
+  """Gated feed-forward: down(act(gate(x)) * up(x)), act = SiLU or tanh-GELU."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    d, f = cfg.hidden_size, cfg.intermediate_size
+    self.gate_proj = param(rngs, (d, f), ("embed", "mlp"), cfg)
+    self.up_proj = param(rngs, (d, f), ("embed", "mlp"), cfg)
+    self.down_proj = param(rngs, (f, d), ("mlp", "embed"), cfg)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    dt = self.cfg.compute_dtype
+    return gated_mlp(x, _w(self.gate_proj, dt), _w(self.up_proj, dt), _w(self.down_proj, dt),
+                     self.cfg.mlp_activation)
+
+
+class DecoderLayer(nnx.Module):
+  """Pre-norm attention and MLP blocks with residuals.
+
+  `post_attention_norm` is the norm before the MLP (HF Llama's name); with
+  `sandwich_norms` the attention and MLP outputs are also normalised
+  (`attn_output_norm`, `mlp_output_norm`) before their residual adds.
+  """
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.input_norm = RMSNorm(cfg.hidden_size, cfg)
+    self.attn = Attention(cfg, rngs=rngs)
+    self.post_attention_norm = RMSNorm(cfg.hidden_size, cfg)
+    self.mlp = MLP(cfg, rngs=rngs)
+    if cfg.sandwich_norms:
+      self.attn_output_norm = RMSNorm(cfg.hidden_size, cfg)
+      self.mlp_output_norm = RMSNorm(cfg.hidden_size, cfg)
+
+  def __call__(self, x, cos, sin, info, window: int | None = None) -> jax.Array:
+    with jax.named_scope("input_norm"):
+      h = self.input_norm(x)
+    with jax.named_scope("attention"):
+      h = self.attn(h, cos, sin, info, window)
+    return self._add_mlp(x, h)
+
+  def with_cache(self, x, cos, sin, info, kv, layer, start, prefill: bool,
+                 window: int | None = None):
+    with jax.named_scope("input_norm"):
+      h = self.input_norm(x)
+    with jax.named_scope("attention"):
+      h, kv = self.attn.with_cache(h, cos, sin, info, kv, layer, start, prefill, window)
+    return self._add_mlp(x, h), kv
+
+  def _add_mlp(self, x: jax.Array, attn_out: jax.Array) -> jax.Array:
+    if self.cfg.sandwich_norms:
+      with jax.named_scope("attn_output_norm"):
+        attn_out = self.attn_output_norm(attn_out)
+    x = x + attn_out
+    with jax.named_scope("post_attention_norm"):
+      h = self.post_attention_norm(x)
+    with jax.named_scope("mlp"):
+      h = self.mlp(h)
+    if self.cfg.sandwich_norms:
+      with jax.named_scope("mlp_output_norm"):
+        h = self.mlp_output_norm(h)
+    return constrain(x + h, ("batch", "length", "embed"))
