@@ -14,6 +14,7 @@ import ml_collections
 from ml_collections.config_dict import placeholder
 
 from helpsteer_jax import sharding as sharding_lib
+from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models.config import ModelConfig
 from helpsteer_jax.models.presets import get_preset
 
@@ -102,8 +103,22 @@ def build_model_config(model_cfg: ml_collections.ConfigDict,
     if value is not None:
       overrides[name] = value
   if base is not None:
+    _check_checkpoint_shape(model_cfg, base, overrides)
     return dataclasses.replace(base, **overrides)
   return get_preset(model_cfg.preset, **overrides)
+
+
+def _check_checkpoint_shape(model_cfg: ml_collections.ConfigDict, base: ModelConfig,
+                            overrides: dict[str, Any]) -> None:
+  """An HF checkpoint fixes the model's shape: a config that sets another is refused."""
+  conflicts = [f"model.{name}={overrides[name]} (the checkpoint has {getattr(base, name)})"
+               for name in _SHAPE_FIELDS if name in overrides
+               and overrides[name] != getattr(base, name)]
+  if conflicts:
+    raise ConfigError(
+        f"{model_cfg.hf_path} fixes the model's shape, but the config sets "
+        f"{'; '.join(conflicts)}. The demo recipes set a tiny shape: start from a recipe"
+        " preset for HF weights (e.g. configs/acsft.py:smollm2_135m) or drop these settings")
 
 
 def rules_from_config(cfg: ml_collections.ConfigDict) -> sharding_lib.Rules:

@@ -89,3 +89,39 @@ def test_vocab_chunked_logprobs_value_and_gradient(vocab_chunk):
   for a, b in zip(g_ours, g_ref):
     np.testing.assert_allclose(a, b, atol=1e-5)
   assert logprobs.vocab_chunks(128256, 4096) == 4008 and logprobs.vocab_chunks(50, 7) == 5
+
+
+@pytest.mark.parametrize("fn", ["token", "vocab", "segments", "nll"])
+def test_soft_capped_logprobs_value_and_gradient(fn):
+  """Gemma 2's final soft-cap (HF Gemma2ForCausalLM: cap * tanh(logits / cap))
+  applied inside the fused passes vs log_softmax of the capped full logits."""
+  cap = 1.5
+  hidden, weight, targets, weights = _inputs(seed=4)
+  segs = jax.random.randint(jax.random.key(8), targets.shape, 0, 3)
+
+  def naive_lp(h, w):
+    logits = jnp.einsum("btd,dv->btv", h, w)
+    logits = cap * jnp.tanh(logits / cap)
+    return jnp.take_along_axis(jax.nn.log_softmax(logits, -1), targets[..., None], -1)[..., 0]
+
+  ours_lp = {
+      "token": lambda h, w: logprobs.token_logprobs(h, w, targets, 8, cap),
+      "vocab": lambda h, w: logprobs.token_logprobs_vocab_chunked(h, w, targets, 10, cap),
+  }
+  if fn in ours_lp:
+    ours, naive = ours_lp[fn], naive_lp
+  elif fn == "segments":
+    ours = lambda h, w: logprobs.segment_logprob_sums(h, w, targets, segs, 2, 8, 0, cap)
+    naive = lambda h, w: jnp.stack(
+        [jnp.sum(jnp.where(segs == k, naive_lp(h, w), 0.0), -1) for k in (1, 2)], -1)
+  else:
+    ours = lambda h, w: logprobs.weighted_nll(h, w, targets, weights, 8, cap)
+    naive = lambda h, w: -jnp.sum(naive_lp(h, w) * weights)
+  np.testing.assert_allclose(jax.jit(ours)(hidden, weight), naive(hidden, weight), atol=1e-5)
+  # The cap matters at this scale: uncapped log-probs differ.
+  assert not np.allclose(naive_lp(hidden, weight), _naive_logprobs(hidden, weight, targets), atol=1e-2)
+  cot = jax.random.normal(jax.random.key(10), jnp.shape(naive(hidden, weight)))
+  g_ours = jax.jit(jax.grad(lambda h, w: jnp.sum(ours(h, w) * cot), argnums=(0, 1)))(hidden, weight)
+  g_ref = jax.grad(lambda h, w: jnp.sum(naive(h, w) * cot), argnums=(0, 1))(hidden, weight)
+  for a, b in zip(g_ours, g_ref):
+    np.testing.assert_allclose(a, b, atol=1e-5)

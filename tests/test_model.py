@@ -241,10 +241,36 @@ def test_named_scopes_in_compiled_program():
     assert scope in scopes, scope
 
 
-def test_fused_losses_refuse_a_soft_capped_head():
-  """The fused log-prob losses project with `head_weight` and would skip
-  Gemma 2's final soft-cap: asking for it is a ConfigError, not other logits."""
-  from helpsteer_jax.errors import ConfigError
-  model = nnx.eval_shape(lambda: builder.new_model(presets.get_preset("tiny", **GEMMA2)))
-  with pytest.raises(ConfigError, match="final_logit_softcap=10.0"):
-    model.head_weight()
+def test_fused_losses_apply_the_final_soft_cap():
+  """SFT NLL and per-segment log-prob sums on a Gemma 2 model equal the ones
+  from `Decoder.logits` (soft-capped as HF's Gemma2ForCausalLM does, which
+  test_hf_checkpoints checks), values and weight gradients."""
+  from helpsteer_jax.losses.logprobs import segment_logprob_sums
+  from helpsteer_jax.losses.sft import sft_loss
+  model = _model(GEMMA2)
+  tokens, pos, seg = (jnp.asarray(x) for x in _packed_inputs(length=32))
+  targets = jnp.roll(tokens, -1, axis=1)
+  weights = (seg > 0).astype(jnp.float32)
+  batch = dict(inputs=tokens, targets=targets, positions=pos, segment_ids=seg, weights=weights)
+
+  def reference_logprobs(m):
+    logp = jax.nn.log_softmax(m.logits(m(tokens, pos, seg)), -1)
+    return jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]
+
+  def grads(fn):
+    return nnx.grad(fn)(model)["embed"][...]
+
+  ours = lambda m: sft_loss(m, batch, chunk_size=8)[0]
+  ref = lambda m: -jnp.sum(reference_logprobs(m) * weights)
+  np.testing.assert_allclose(ours(model), ref(model), rtol=1e-5)
+  np.testing.assert_allclose(grads(ours), grads(ref), atol=1e-5)
+
+  mix = jnp.array([0.3, -1.1])
+  for vocab_chunk in (0, 64):
+    sums = lambda m: segment_logprob_sums(m(tokens, pos, seg), m.head_weight(), targets, seg,
+                                          2, 8, vocab_chunk, m.cfg.final_logit_softcap)
+    ref_sums = lambda m: jnp.stack(
+        [jnp.sum(jnp.where(seg == k, reference_logprobs(m), 0.0), -1) for k in (1, 2)], -1)
+    np.testing.assert_allclose(sums(model), ref_sums(model), rtol=1e-5)
+    np.testing.assert_allclose(grads(lambda m: jnp.sum(sums(m) * mix)),
+                               grads(lambda m: jnp.sum(ref_sums(m) * mix)), atol=1e-5)

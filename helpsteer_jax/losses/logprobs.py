@@ -17,6 +17,10 @@ exist only inside one loop iteration, and the log-sum-exp is taken in fp32.
 - `segment_logprob_sums` sums either per segment id in one scatter-add
   (preference losses: per-response or per-sentence sums).
 
+Each takes an optional final-logit soft-cap `softcap` (Gemma 2:
+logits -> softcap * tanh(logits / softcap)); the backward multiplies the
+capped logits' gradient by 1 - tanh^2, recomputed from the same chunk.
+
 Each runs under a `jax.named_scope` ("fused_logprobs", "fused_logprobs_bwd",
 "fused_nll", "segment_logprob_sums"), so profiles and HLO dumps name them.
 """
@@ -46,9 +50,20 @@ def _slice(x, i, size):
   return jax.lax.dynamic_slice_in_dim(x, i * size, size, axis=1)
 
 
-def _chunk_stats(h, weight, targets):
-  """fp32 logits of one chunk, their log-sum-exp and the target logits."""
+def _project(h, weight, softcap):
+  """fp32 (soft-capped) logits of one chunk."""
   logits = jnp.einsum("btd,dv->btv", h, weight, preferred_element_type=jnp.float32)
+  return logits if softcap is None else softcap * jnp.tanh(logits / softcap)
+
+
+def _uncap(dlogits, logits, softcap):
+  """The gradient w.r.t. the raw logits from the one w.r.t. the capped `logits`."""
+  return dlogits if softcap is None else dlogits * (1.0 - jnp.square(logits / softcap))
+
+
+def _chunk_stats(h, weight, targets, softcap):
+  """fp32 logits of one chunk, their log-sum-exp and the target logits."""
+  logits = _project(h, weight, softcap)
   lse = jax.nn.logsumexp(logits, axis=-1)
   target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
   return logits, lse, target_logit
@@ -63,21 +78,21 @@ def _gathered(weight):
 # Per-token log-probs (general cotangents).
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def token_logprobs(hidden: jax.Array, weight: jax.Array, targets: jax.Array,
-                   chunk_size: int = 256) -> jax.Array:
+                   chunk_size: int = 256, softcap: float | None = None) -> jax.Array:
   """log softmax(hidden @ weight)[targets] as fp32 [batch, length]."""
-  return _token_logprobs_fwd(hidden, weight, targets, chunk_size)[0]
+  return _token_logprobs_fwd(hidden, weight, targets, chunk_size, softcap)[0]
 
 
 @jax.named_scope("fused_logprobs")
-def _token_logprobs_fwd(hidden, weight, targets, chunk_size):
+def _token_logprobs_fwd(hidden, weight, targets, chunk_size, softcap):
   weight = _gathered(weight)
   n, c = _chunks(hidden.shape[1], chunk_size)
 
   def body(i, acc):
     lp, lse_all = acc
-    _, lse, tgt = _chunk_stats(_slice(hidden, i, c), weight, _slice(targets, i, c))
+    _, lse, tgt = _chunk_stats(_slice(hidden, i, c), weight, _slice(targets, i, c), softcap)
     lp = jax.lax.dynamic_update_slice_in_dim(lp, tgt - lse, i * c, axis=1)
     return lp, jax.lax.dynamic_update_slice_in_dim(lse_all, lse, i * c, axis=1)
 
@@ -87,17 +102,18 @@ def _token_logprobs_fwd(hidden, weight, targets, chunk_size):
 
 
 @jax.named_scope("fused_logprobs_bwd")
-def _token_logprobs_bwd(chunk_size, residuals, g):
+def _token_logprobs_bwd(chunk_size, softcap, residuals, g):
   hidden, weight, targets, lse = residuals
   n, c = _chunks(hidden.shape[1], chunk_size)
 
   def body(i, acc):
     dh, dw = acc
     h = _slice(hidden, i, c)
-    logits = jnp.einsum("btd,dv->btv", h, weight, preferred_element_type=jnp.float32)
+    logits = _project(h, weight, softcap)
     probs = jnp.exp(logits - _slice(lse, i, c)[..., None])
     onehot = jax.nn.one_hot(_slice(targets, i, c), weight.shape[1], dtype=jnp.float32)
-    dlogits = (_slice(g, i, c)[..., None] * (onehot - probs)).astype(weight.dtype)
+    dlogits = _uncap(_slice(g, i, c)[..., None] * (onehot - probs), logits, softcap)
+    dlogits = dlogits.astype(weight.dtype)
     dh_c = jnp.einsum("btv,dv->btd", dlogits, weight, preferred_element_type=jnp.float32)
     dw = dw + jnp.einsum("btd,btv->dv", h, dlogits, preferred_element_type=jnp.float32)
     return jax.lax.dynamic_update_slice_in_dim(dh, dh_c.astype(dh.dtype), i * c, axis=1), dw
@@ -129,21 +145,22 @@ def _vocab_view(weight, vocab_chunk):
   return weight.reshape(d, c, v // c), v // c
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def token_logprobs_vocab_chunked(hidden: jax.Array, weight: jax.Array, targets: jax.Array,
-                                 vocab_chunk: int = 4096) -> jax.Array:
+                                 vocab_chunk: int = 4096,
+                                 softcap: float | None = None) -> jax.Array:
   """log softmax(hidden @ weight)[targets] as fp32 [batch, length]."""
-  return _vocab_fwd(hidden, weight, targets, vocab_chunk)[0]
+  return _vocab_fwd(hidden, weight, targets, vocab_chunk, softcap)[0]
 
 
 @jax.named_scope("fused_logprobs")
-def _vocab_fwd(hidden, weight, targets, vocab_chunk):
+def _vocab_fwd(hidden, weight, targets, vocab_chunk, softcap):
   w3, n = _vocab_view(weight, vocab_chunk)
   local, which = targets // n, targets % n
 
   def body(i, carry):
     m, s, tgt = carry
-    logits = jnp.einsum("btd,dv->btv", hidden, w3[:, :, i], preferred_element_type=jnp.float32)
+    logits = _project(hidden, w3[:, :, i], softcap)
     new_m = jnp.maximum(m, jnp.max(logits, -1))
     s = s * jnp.exp(m - new_m) + jnp.sum(jnp.exp(logits - new_m[..., None]), -1)
     t = jnp.take_along_axis(logits, local[..., None], -1)[..., 0]
@@ -156,7 +173,7 @@ def _vocab_fwd(hidden, weight, targets, vocab_chunk):
 
 
 @jax.named_scope("fused_logprobs_bwd")
-def _vocab_bwd(vocab_chunk, residuals, g):
+def _vocab_bwd(vocab_chunk, softcap, residuals, g):
   hidden, weight, targets, lse = residuals
   w3, n = _vocab_view(weight, vocab_chunk)
   local, which = targets // n, targets % n
@@ -165,9 +182,10 @@ def _vocab_bwd(vocab_chunk, residuals, g):
   def body(i, carry):
     dh, dw3 = carry
     w = w3[:, :, i]
-    logits = jnp.einsum("btd,dv->btv", hidden, w, preferred_element_type=jnp.float32)
+    logits = _project(hidden, w, softcap)
     hit = (jnp.arange(c) == local[..., None]) & (which == i)[..., None]
-    dlogits = (g[..., None] * (hit - jnp.exp(logits - lse[..., None]))).astype(weight.dtype)
+    dlogits = _uncap(g[..., None] * (hit - jnp.exp(logits - lse[..., None])), logits, softcap)
+    dlogits = dlogits.astype(weight.dtype)
     dh = dh + jnp.einsum("btv,dv->btd", dlogits, w, preferred_element_type=jnp.float32)
     dw = jnp.einsum("btd,btv->dv", hidden, dlogits, preferred_element_type=jnp.float32)
     return dh, dw3.at[:, :, i].set(dw.astype(dw3.dtype))
@@ -182,7 +200,8 @@ token_logprobs_vocab_chunked.defvjp(_vocab_fwd, _vocab_bwd)
 
 def segment_logprob_sums(hidden: jax.Array, weight: jax.Array, targets: jax.Array,
                          token_segments: jax.Array, num_segments: int,
-                         chunk_size: int = 256, vocab_chunk: int = 0) -> jax.Array:
+                         chunk_size: int = 256, vocab_chunk: int = 0,
+                         softcap: float | None = None) -> jax.Array:
   """Sums of log p(target) per segment: fp32 [batch, num_segments].
 
   token_segments: [batch, length] ints, k in 1..num_segments for a token of
@@ -192,9 +211,9 @@ def segment_logprob_sums(hidden: jax.Array, weight: jax.Array, targets: jax.Arra
   """
   with jax.named_scope("segment_logprob_sums"):
     if vocab_chunk > 0:
-      lp = token_logprobs_vocab_chunked(hidden, weight, targets, vocab_chunk)
+      lp = token_logprobs_vocab_chunked(hidden, weight, targets, vocab_chunk, softcap)
     else:
-      lp = token_logprobs(hidden, weight, targets, chunk_size)
+      lp = token_logprobs(hidden, weight, targets, chunk_size, softcap)
     sums = jax.vmap(lambda x, ids: jax.ops.segment_sum(x, ids, num_segments + 1))(
         lp, token_segments)
     return sums[:, 1:]
@@ -204,33 +223,34 @@ def segment_logprob_sums(hidden: jax.Array, weight: jax.Array, targets: jax.Arra
 # Weighted negative log-likelihood (scalar loss, gradient formed forward).
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
 def weighted_nll(hidden: jax.Array, weight: jax.Array, targets: jax.Array,
-                 weights: jax.Array, chunk_size: int = 256) -> jax.Array:
+                 weights: jax.Array, chunk_size: int = 256,
+                 softcap: float | None = None) -> jax.Array:
   """sum over tokens of weights * -log softmax(hidden @ weight)[targets] (fp32)."""
   with jax.named_scope("fused_nll"):
     weight = _gathered(weight)
     n, c = _chunks(hidden.shape[1], chunk_size)
 
     def body(i, total):
-      _, lse, tgt = _chunk_stats(_slice(hidden, i, c), weight, _slice(targets, i, c))
+      _, lse, tgt = _chunk_stats(_slice(hidden, i, c), weight, _slice(targets, i, c), softcap)
       return total + jnp.sum((lse - tgt) * _slice(weights, i, c))
 
     return unrollable.fori_loop(0, n, body, jnp.zeros((), jnp.float32))
 
 
 @jax.named_scope("fused_nll")
-def _weighted_nll_fwd(hidden, weight, targets, weights, chunk_size):
+def _weighted_nll_fwd(hidden, weight, targets, weights, chunk_size, softcap):
   weight = _gathered(weight)
   n, c = _chunks(hidden.shape[1], chunk_size)
 
   def body(i, acc):
     total, dh, dw = acc
     h, w = _slice(hidden, i, c), _slice(weights, i, c)
-    logits, lse, tgt = _chunk_stats(h, weight, _slice(targets, i, c))
+    logits, lse, tgt = _chunk_stats(h, weight, _slice(targets, i, c), softcap)
     probs = jnp.exp(logits - lse[..., None])
     onehot = jax.nn.one_hot(_slice(targets, i, c), weight.shape[1], dtype=jnp.float32)
-    dlogits = (w[..., None] * (probs - onehot)).astype(weight.dtype)
+    dlogits = _uncap(w[..., None] * (probs - onehot), logits, softcap).astype(weight.dtype)
     dh_c = jnp.einsum("btv,dv->btd", dlogits, weight, preferred_element_type=jnp.float32)
     dw = dw + jnp.einsum("btd,btv->dv", h, dlogits, preferred_element_type=jnp.float32)
     dh = jax.lax.dynamic_update_slice_in_dim(dh, dh_c.astype(dh.dtype), i * c, axis=1)
@@ -243,7 +263,7 @@ def _weighted_nll_fwd(hidden, weight, targets, weights, chunk_size):
 
 
 @jax.named_scope("fused_nll_bwd")
-def _weighted_nll_bwd(chunk_size, residuals, g):
+def _weighted_nll_bwd(chunk_size, softcap, residuals, g):
   dh, dw = residuals
   return (g * dh).astype(dh.dtype), (g * dw).astype(dw.dtype), None, None
 

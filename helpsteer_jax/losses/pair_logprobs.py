@@ -32,7 +32,8 @@ def model_segment_logps(model: nnx.Module, batch: dict[str, jax.Array],
   pairs, s = b.seg_mask.shape[0], b.seg_mask.shape[-1]
   hidden = model(_fold(b.inputs), _fold(b.positions), _fold(b.segment_ids))
   sums = segment_logprob_sums(hidden, model.head_weight(), _fold(b.targets),
-                              _fold(b.token_segments), s, chunk_size, vocab_chunk)
+                              _fold(b.token_segments), s, chunk_size, vocab_chunk,
+                              model.cfg.final_logit_softcap)
   return sums.reshape(pairs, 2, s)
 
 

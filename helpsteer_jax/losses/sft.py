@@ -21,5 +21,6 @@ def sft_loss(model: nnx.Module, batch: dict[str, jax.Array], chunk_size: int = 2
   hidden = model(b.inputs, b.positions, b.segment_ids)
   with jax.named_scope("sft_loss"):
     weights = b.weights * (b.segment_ids > 0)
-    total = weighted_nll(hidden, model.head_weight(), b.targets, weights, chunk_size)
+    total = weighted_nll(hidden, model.head_weight(), b.targets, weights, chunk_size,
+                         model.cfg.final_logit_softcap)
     return total, {"weight": jnp.sum(weights)}

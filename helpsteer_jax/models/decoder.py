@@ -23,7 +23,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from helpsteer_jax import unrollable
-from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import attention as attention_lib
 from helpsteer_jax.models import kv_cache
 from helpsteer_jax.models.config import ModelConfig
@@ -182,17 +181,10 @@ class Decoder(nnx.Module):
   # -- the LM head -----------------------------------------------------------------
 
   def head_weight(self) -> jax.Array:
-    """The [hidden, vocab] output projection in compute dtype (for fused losses)."""
-    if self.cfg.final_logit_softcap is not None:
-      # The fused log-prob losses project with this weight themselves and
-      # would skip the soft-cap: refuse rather than train on other logits.
-      raise ConfigError(
-          f"final_logit_softcap={self.cfg.final_logit_softcap} ({self.cfg.hf_model_type}) is"
-          " not applied by the fused log-prob losses yet: LM training of this model is"
-          " not supported (reward models and generation are)")
-    return self._head_weight()
+    """The [hidden, vocab] output projection in compute dtype (for fused losses).
 
-  def _head_weight(self) -> jax.Array:
+    Losses that project with it apply `cfg.final_logit_softcap` themselves.
+    """
     if self.cfg.tie_word_embeddings:
       return self.embed[...].astype(self.cfg.compute_dtype).T
     return self.lm_head[...].astype(self.cfg.compute_dtype)
@@ -208,7 +200,7 @@ class Decoder(nnx.Module):
       return self._logits(hidden)
 
   def _logits(self, hidden: jax.Array) -> jax.Array:
-    weight = self._head_weight()
+    weight = self.head_weight()
     chunk = self.cfg.logits_chunk_size
     length = hidden.shape[1]
     cap = self.cfg.final_logit_softcap
