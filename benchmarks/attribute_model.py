@@ -60,6 +60,7 @@ def jax_worker(conn, hf_dir, head_path, mode, batch, seq, sequences, score_batch
   os.environ["JAX_PLATFORMS"] = "cpu"
   import jax
   import numpy as np
+
   from helpsteer_jax import config_base, reward_runtime, runtime
   from helpsteer_jax.data.batches import REGRESSION_BATCH
   from helpsteer_jax.inference.scoring import RewardModelScorer
@@ -121,7 +122,8 @@ def torch_worker(conn, hf_dir, head_path, mode, batch, seq, sequences, score_bat
     head.bias.copy_(torch.from_numpy(f["bias"]))
   stats = {}
   if mode == "train":
-    params = list(backbone.named_parameters()) + [("head." + n, p) for n, p in head.named_parameters()]
+    params = (list(backbone.named_parameters())
+              + [("head." + n, p) for n, p in head.named_parameters()])
     decay = [p for n, p in params if "norm" not in n and "bias" not in n]
     no_decay = [p for n, p in params if "norm" in n or "bias" in n]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD},

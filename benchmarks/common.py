@@ -164,6 +164,7 @@ def interleaved_worker_times(workers: dict[str, "Worker"], repeats: int,
 def hf_llama_config(preset: str = "bench_100m", **overrides):
   """A transformers LlamaConfig with the same shape as one of our presets."""
   import transformers
+
   from helpsteer_jax.models import presets
   cfg = presets.get_preset(preset)
   return cfg, transformers.LlamaConfig(
@@ -189,6 +190,7 @@ def bench_model_pair(attention: str, preset: str = "bench_100m"):
 
   import torch
   import transformers
+
   from helpsteer_jax.models import hf
   torch.manual_seed(0)
   cfg, hf_cfg = hf_llama_config(preset, attn_implementation="sdpa")

@@ -59,6 +59,7 @@ def loss_memory(vocab=128256, seq=4096, pairs=2, hidden=4096, vocab_chunk=4096,
                 seq_chunk=512, dtype="float32") -> dict:
   import jax
   import jax.numpy as jnp
+
   from helpsteer_jax.losses import dpo2d, logprobs
 
   cfg = dpo2d.PreferenceLossConfig()
@@ -110,6 +111,7 @@ def jax_worker(conn, hf_dir, pairs, seq, mode):
   os.environ["JAX_PLATFORMS"] = "cpu"
   import jax
   import jax.numpy as jnp
+
   from helpsteer_jax import config_base, runtime
   from helpsteer_jax.losses import dpo2d
   from helpsteer_jax.losses.pair_logprobs import preference_loss
@@ -247,7 +249,8 @@ def main() -> None:
       "dpo2d-memory-benchmark",
       ["loss + grad, head only", "fused (vocab chunks) temp GiB", "sequence chunks temp GiB",
        "naive temp GiB", "naive / fused"],
-      [[f"vocab {memory['vocab']}, {memory['rows']} x {memory['seq']}, hidden {memory['hidden']}, {memory['dtype']}",
+      [[f"vocab {memory['vocab']}, {memory['rows']} x {memory['seq']}, "
+        f"hidden {memory['hidden']}, {memory['dtype']}",
         gib(memory["fused_temp_bytes"]), gib(memory["seq_chunked_temp_bytes"]),
         gib(memory["naive_temp_bytes"]), f"{memory['ratio']:.1f}"]])
   ts = result["train_step"]

@@ -15,7 +15,6 @@ Writes benchmarks/results/train_step.json and the README table.
 from __future__ import annotations
 
 import argparse
-import pathlib
 import tempfile
 
 import common
@@ -36,6 +35,7 @@ def jax_worker(conn, hf_dir, batch, seq, analysis):
   os.environ["JAX_PLATFORMS"] = "cpu"
   import jax
   import numpy as np
+
   from helpsteer_jax import config_base, runtime, unrollable
   from helpsteer_jax.data.features.next_token import next_token_features
   from helpsteer_jax.losses.sft import sft_loss

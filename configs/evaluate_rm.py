@@ -4,7 +4,8 @@
   python -m helpsteer_jax.main --config=configs/evaluate_rm.py          # evaluate it (demo data)
   python -m helpsteer_jax.main --config=configs/evaluate_rm.py:llama3_70b \
       --config.init.checkpoint=/runs/attribute_model --config.tokenizer=/models/Meta-Llama-3-70B \
-      --config.data.validation_path=/data/HelpSteer2 --config.data.preference_path=/data/HelpSteer2 \
+      --config.data.validation_path=/data/HelpSteer2 \
+      --config.data.preference_path=/data/HelpSteer2 \
       --config.data.rewardbench_path=/data/reward-bench/filtered.parquet
 
 The reward of a response is its predicted attributes . `reward_weights`

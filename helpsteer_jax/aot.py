@@ -23,7 +23,6 @@ import re
 import time
 from typing import Any, Callable
 
-import jax
 import ml_collections
 from absl import logging
 

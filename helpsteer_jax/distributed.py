@@ -62,7 +62,8 @@ def cluster_detected(env: dict[str, str] | None = None) -> str:
   env = os.environ if env is None else env
   if env.get("JAX_COORDINATOR_ADDRESS"):
     return "explicit"
-  if int(env.get("SLURM_NTASKS", env.get("SLURM_NPROCS", "1")) or 1) > 1 and env.get("SLURM_JOB_ID"):
+  if (int(env.get("SLURM_NTASKS", env.get("SLURM_NPROCS", "1")) or 1) > 1
+      and env.get("SLURM_JOB_ID")):
     return "slurm"
   if int(env.get("OMPI_COMM_WORLD_SIZE", "1") or 1) > 1:
     return "mpi"
@@ -157,7 +158,8 @@ def _check_agreement(cfg: ml_collections.ConfigDict) -> None:
       except Exception as e:  # noqa: BLE001 - a timeout: that process never got this far
         raise ConfigError(f"process {other} did not report within distributed."
                           f"initialization_timeout={cfg.initialization_timeout} s ({e}); start"
-                          f" every process with the same distributed.num_processes={count}") from None
+                          " every process with the same"
+                          f" distributed.num_processes={count}") from None
     if theirs != mine:
       who = "the process group has" if other == pid else f"process {other} was started with"
       raise ConfigError(f"this process (id {pid}) was started with distributed.num_processes="

@@ -13,8 +13,8 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from helpsteer_jax import config_base
-from helpsteer_jax.errors import ConfigError
 from helpsteer_jax import sharding as sharding_lib
+from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import builder
 from helpsteer_jax.models.config import ModelConfig
 
@@ -118,7 +118,8 @@ def check_free_space(path: str | pathlib.Path, needed_bytes: int, what: str) -> 
                       " --workdir")
 
 
-def write_once(directory: pathlib.Path, marker: str, write: Callable[[pathlib.Path], object]) -> pathlib.Path:
+def write_once(directory: pathlib.Path, marker: str,
+               write: Callable[[pathlib.Path], object]) -> pathlib.Path:
   """Process 0 runs `write(directory)` unless `directory/marker` exists; all wait for it."""
   if jax.process_index() == 0 and not (directory / marker).exists():
     write(directory)

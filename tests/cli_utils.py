@@ -21,5 +21,6 @@ def run_main(*args: str, devices: int = 8, timeout: float = 600, env: dict | Non
                         cwd=REPO_ROOT, env=full_env, capture_output=True, text=True,
                         timeout=timeout)
   if check and proc.returncode != 0:
-    raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}")
+    raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\n"
+                         f"stderr:\n{proc.stderr[-4000:]}")
   return proc

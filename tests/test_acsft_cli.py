@@ -12,9 +12,10 @@ import pytest
 import torch
 import transformers
 
+from helpsteer_jax.data import demo
+
 from cli_utils import run_main
 from conftest import REPO_ROOT
-from helpsteer_jax.data import demo
 
 # A tiny model and short run: compile once, a handful of steps.
 _SHORT = ("--config.model.hidden_size=64", "--config.model.intermediate_size=128",
@@ -71,7 +72,8 @@ def test_short_run_skips_bad_rows_checkpoints_and_exports(data_dir, tmp_path):
   assert [r["step"] for r in train] == [1, 2, 3]
   for key in ("loss", "learning_rate", "grad_norm", "tokens_per_s", "step_time", "mfu"):
     assert key in train[-1], key
-  assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path / "tensorboard"))
+  assert any(name.startswith("events.out.tfevents")
+             for name in os.listdir(tmp_path / "tensorboard"))
   assert sorted(os.listdir(tmp_path / "checkpoints"))[:2] == ["2", "3"]
 
   # The exported HF directory loads in transformers and runs.
@@ -95,7 +97,8 @@ def test_sigterm_saves_exits_zero_and_the_rerun_continues(tmp_path):
           "--config.data.demo_train_rows=200", "--config.data.demo_validation_rows=16",
           "--config.train.num_steps=400", "--config.train.save_every=1000"]
   env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
+             XLA_FLAGS="--xla_force_host_platform_device_count=8"
+                       " --xla_backend_optimization_level=0")
   proc = subprocess.Popen([sys.executable, "-m", "helpsteer_jax.main", *args], cwd=REPO_ROOT,
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   metrics = tmp_path / "metrics.jsonl"
@@ -121,7 +124,8 @@ def test_sigterm_saves_exits_zero_and_the_rerun_continues(tmp_path):
 
 def _start_main(args):
   env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
+             XLA_FLAGS="--xla_force_host_platform_device_count=8"
+                       " --xla_backend_optimization_level=0")
   return subprocess.Popen([sys.executable, "-m", "helpsteer_jax.main", *args], cwd=REPO_ROOT,
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -5,9 +5,10 @@ import types
 
 import pytest
 
-from cli_utils import run_main
 from helpsteer_jax import aot
 from helpsteer_jax.errors import ConfigError
+
+from cli_utils import run_main
 
 
 @pytest.mark.parametrize("name, generation, shape", [

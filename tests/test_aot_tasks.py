@@ -12,8 +12,8 @@ import pytest
 
 from helpsteer_jax import aot, runtime
 from helpsteer_jax.tasks import attribute_model, dpo2d
-from train_utils import task_config
 
+from train_utils import task_config
 
 TINY = {"model.num_layers": 1, "train.seq_len": 64, "train.global_batch": 8,
         "train.micro_batch": 8, "train.loss_chunk_size": 32}

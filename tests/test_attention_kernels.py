@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
 
 from helpsteer_jax import aot, config_base, runtime
 from helpsteer_jax import sharding as sharding_lib
@@ -73,9 +73,12 @@ def test_splash_compiles_for_tpu_under_shard_map(tmp_path, window, softcap):
   b, t, h, k, d = 4, 256, 8, 4, 128
   rules = sharding_lib.DEFAULT_RULES
   spec = lambda *axes: NamedSharding(mesh, sharding_lib.logical_to_spec(axes, rules))
-  args = (jax.ShapeDtypeStruct((b, t, h, d), jnp.bfloat16, sharding=spec("batch", "length", "heads", "head_dim")),
-          jax.ShapeDtypeStruct((b, t, k, d), jnp.bfloat16, sharding=spec("batch", "length", "kv_heads", "head_dim")),
-          jax.ShapeDtypeStruct((b, t, k, d), jnp.bfloat16, sharding=spec("batch", "length", "kv_heads", "head_dim")),
+  args = (jax.ShapeDtypeStruct((b, t, h, d), jnp.bfloat16,
+                               sharding=spec("batch", "length", "heads", "head_dim")),
+          jax.ShapeDtypeStruct((b, t, k, d), jnp.bfloat16,
+                               sharding=spec("batch", "length", "kv_heads", "head_dim")),
+          jax.ShapeDtypeStruct((b, t, k, d), jnp.bfloat16,
+                               sharding=spec("batch", "length", "kv_heads", "head_dim")),
           jax.ShapeDtypeStruct((b, t), jnp.int32, sharding=spec("batch", "length")))
 
   def loss(q, k, v, seg):

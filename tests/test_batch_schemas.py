@@ -15,11 +15,18 @@ import pytest
 from helpsteer_jax import runtime
 from helpsteer_jax.data import pipeline
 from helpsteer_jax.data.batches import (
-    BT_BATCH, CACHED_PAIR_BATCH, PAIR_BATCH, REFERENCE_INPUT, SFT_BATCH, SchemaError)
+  BT_BATCH,
+  CACHED_PAIR_BATCH,
+  PAIR_BATCH,
+  REFERENCE_INPUT,
+  SFT_BATCH,
+  SchemaError,
+)
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.models import hf
 from helpsteer_jax.tasks import acsft, attribute_model, dpo2d
 from helpsteer_jax.train import loop
+
 from train_utils import task_config
 
 TASKS = {"acsft": acsft, "attribute_model": attribute_model, "dpo2d": dpo2d}

@@ -5,15 +5,17 @@ import json
 import numpy as np
 import pytest
 
-import fake_scorer
-from conftest import REPO_ROOT
 from helpsteer_jax.data import segment
 from helpsteer_jax.data.formats import helpsteer_2d as pairs
 from helpsteer_jax.data.formats.helpsteer import helpsteer_conversation
-from helpsteer_jax.inference import segment_scores
-from helpsteer_jax.data.template import regression_text
 from helpsteer_jax.data.records import HELPSTEER_ATTRIBUTES
+from helpsteer_jax.data.template import regression_text
 from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.inference import segment_scores
+
+import fake_scorer
+from conftest import REPO_ROOT
+
 
 def load_config(name, preset=""):
   import runpy
@@ -66,7 +68,7 @@ def test_task_writes_valid_helpsteer_2d(tmp_path, helpsteer2_sample):
   summary = task.run(config, str(tmp_path))
   got = pairs.read_2d(summary["output"], HELPSTEER_ATTRIBUTES)
   assert len(got) == 3 and summary["pairs"] == 3
-  rows = [json.loads(l) for l in helpsteer2_sample.read_text().splitlines()]
+  rows = [json.loads(line) for line in helpsteer2_sample.read_text().splitlines()]
   helpfulness = {r["response"]: r["helpfulness"] for r in rows}
   for p in got:
     assert helpfulness[p.chosen.text] > helpfulness[p.rejected.text]

@@ -7,8 +7,9 @@ import pytest
 import torch
 import transformers
 
-from cli_utils import run_main
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
+
+from cli_utils import run_main
 
 
 def test_model_smoke_default_runs(tmp_path):

@@ -11,11 +11,20 @@ import pytest
 
 from helpsteer_jax.data import demo
 from helpsteer_jax.data.formats.helpsteer import (
-    load_conversations, read_helpsteer, read_records, read_steerlm_conversations)
+  read_helpsteer,
+  read_records,
+  read_steerlm_conversations,
+)
 from helpsteer_jax.data.formats.rows import BadRecordReport, iter_json_lines
+from helpsteer_jax.data.formats.task_source import load_conversations
 from helpsteer_jax.data.records import HELPSTEER_ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.data.template import (
-    DEFAULT_SYSTEM, generation_prompt, parse_label_string, regression_text, sft_pieces)
+  DEFAULT_SYSTEM,
+  generation_prompt,
+  parse_label_string,
+  regression_text,
+  sft_pieces,
+)
 from helpsteer_jax.errors import ConfigError, DataError
 
 SCORES = dict(helpfulness=3, correctness=4, coherence=4, complexity=1, verbosity=2)
@@ -132,7 +141,8 @@ def test_multi_turn_prompt_is_split(tmp_path):
             "<extra_id_1>Assistant\nApple.\n<extra_id_1>User\nAnother?")
   [conv] = read_helpsteer(write_jsonl(tmp_path / "t.jsonl", [row(prompt=prompt, response="Pear.")]))
   assert conv.turns == (
-      Turn("User", "Hi"), Turn("Assistant", "Hello!", trainable=False), Turn("User", "Name a fruit."),
+      Turn("User", "Hi"), Turn("Assistant", "Hello!", trainable=False),
+      Turn("User", "Name a fruit."),
       Turn("Assistant", "Apple.", trainable=False), Turn("User", "Another?"),
       Turn("Assistant", "Pear.",
            "helpfulness:3,correctness:4,coherence:4,complexity:1,verbosity:2"))

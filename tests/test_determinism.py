@@ -5,8 +5,9 @@ import runpy
 
 import pytest
 
-from conftest import REPO_ROOT
 from helpsteer_jax import tasks
+
+from conftest import REPO_ROOT
 
 _TINY_MODEL = dict(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
                    num_kv_heads=2, attention_block_size=32)
@@ -29,7 +30,7 @@ def _config(task):
 
 
 def _losses(workdir):
-  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   return [(r["step"], r["loss"], r["grad_norm"]) for r in rows if "grad_norm" in r]
 
 

@@ -54,21 +54,21 @@ def _segments(d, weights, i, side, one_d=False):
 def _np_eq5(d, weights, one_d=False):
   losses = []
   for i in range(d["mask"].shape[0]):
-    w = sum(r * lr for r, lr in _segments(d, weights, i, 0, one_d))
-    l = sum(r * lr for r, lr in _segments(d, weights, i, 1, one_d))
-    losses.append(-_logsig(BETA * w - BETA * l))
+    won = sum(r * lr for r, lr in _segments(d, weights, i, 0, one_d))
+    lost = sum(r * lr for r, lr in _segments(d, weights, i, 1, one_d))
+    losses.append(-_logsig(BETA * won - BETA * lost))
   return np.array(losses)
 
 
 def _np_eq6(d, weights, one_d=False):
   losses = []
   for i in range(d["mask"].shape[0]):
-    w = _segments(d, weights, i, 0, one_d)
-    l = _segments(d, weights, i, 1, one_d)
-    n = min(len(w), len(l))
+    won = _segments(d, weights, i, 0, one_d)
+    lost = _segments(d, weights, i, 1, one_d)
+    n = min(len(won), len(lost))
     # Python's sort is stable: equal r keep segment order.
-    w_sorted = sorted(w, key=lambda t: -t[0])[:n]
-    l_sorted = sorted(l, key=lambda t: t[0])[:n]
+    w_sorted = sorted(won, key=lambda t: -t[0])[:n]
+    l_sorted = sorted(lost, key=lambda t: t[0])[:n]
     losses.append(-sum(_logsig(BETA * rw * lw - BETA * rl * ll)
                        for (rw, lw), (rl, ll) in zip(w_sorted, l_sorted)))
   return np.array(losses)

@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT
 from helpsteer_jax import runtime
 from helpsteer_jax.data.batches import REFERENCE_INPUT
 from helpsteer_jax.errors import ConfigError
@@ -18,6 +17,8 @@ from helpsteer_jax.tasks import dpo2d as task
 from helpsteer_jax.train import checkpoint as ckpt_lib
 from helpsteer_jax.train import optim
 from helpsteer_jax.train import state as state_lib
+
+from conftest import REPO_ROOT
 
 
 def _config(**loss):
@@ -35,7 +36,7 @@ def _config(**loss):
 
 
 def _first_step(workdir):
-  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   return next(r for r in rows if r.get("step") == 1 and "loss" in r)
 
 
@@ -45,7 +46,8 @@ def test_on_the_fly_reference_equals_policy_at_the_start(tmp_path):
   config.reference.mode = "on_the_fly"
   task.run(config, str(tmp_path))
   metrics = _first_step(tmp_path)
-  rows = [json.loads(l) for l in (tmp_path / "demo_2d" / "train.jsonl").read_text().splitlines()]
+  rows = [json.loads(line)
+          for line in (tmp_path / "demo_2d" / "train.jsonl").read_text().splitlines()]
   # Pairs are drawn at random, so check the loss lies in the range N log 2 spans.
   n = [min(len(r["chosen_segments"]), len(r["rejected_segments"])) for r in rows]
   assert min(n) * math.log(2) - 1e-4 <= metrics["loss"] <= max(n) * math.log(2) + 1e-4

@@ -15,11 +15,12 @@ import pytest
 import torch
 import transformers
 
-from cli_utils import run_main
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.losses.pair_logprobs import model_segment_logps
 from helpsteer_jax.losses.sft import sft_loss
 from helpsteer_jax.models import hf
+
+from cli_utils import run_main
 
 
 def _gemma2(vocab_size: int, seed: int = 0) -> transformers.Gemma2ForCausalLM:
@@ -119,7 +120,8 @@ def test_acsft_then_2d_dpo_on_gemma2(gemma2_dir, tmp_path):
            "--config.data.demo_validation_pairs=0", "--config.data.max_segments=4",
            "--config.optimizer.schedule=constant", "--config.optimizer.warmup_steps=0",
            "--config.model.dtype=float32",
-           "--config.mesh.fsdp=4", "--config.mesh.tensor=2", "--config.model.attention_block_size=64")
+           "--config.mesh.fsdp=4", "--config.mesh.tensor=2",
+           "--config.model.attention_block_size=64")
   rows = [json.loads(line) for line in (dpo_dir / "metrics.jsonl").read_text().splitlines()]
   first = next(r for r in rows if r.get("step") == 1 and "loss" in r)
   assert math.isfinite(first["loss"]) and abs(first["reward_margin"]) < 1e-4

@@ -1,6 +1,5 @@
 """Faults inside the training engine: damaged checkpoints and non-finite updates."""
 
-import functools
 import logging
 import os
 
@@ -14,6 +13,7 @@ from helpsteer_jax.errors import ConfigError, TrainingError
 from helpsteer_jax.losses.sft import sft_loss
 from helpsteer_jax.train import loop
 from helpsteer_jax.train import state as state_lib
+
 from train_utils import make_trainer, read_metrics, synthetic_features, tiny_config
 
 POISON = 2  # synthetic features draw tokens from 3 up, so only poisoned rows hold it

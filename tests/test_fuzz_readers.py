@@ -77,7 +77,7 @@ def _lines(rows_and_garbage):
 def _nonblank(lines):
   # Blank as a JSON-lines file defines it: ASCII whitespace only. A line of
   # '\x1f' or '\u2028' (whitespace to str.strip) is a malformed record.
-  return sum(1 for l in lines if l.encode("utf-8").strip())
+  return sum(1 for line in lines if line.encode("utf-8").strip())
 
 
 def _check(read, path, nonblank):

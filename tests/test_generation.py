@@ -18,7 +18,14 @@ from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError, DataError
 from helpsteer_jax.inference import (
-    attribute_scorer, best_of_n, chat, decode, generator, loading, steering)
+  attribute_scorer,
+  best_of_n,
+  chat,
+  decode,
+  generator,
+  loading,
+  steering,
+)
 from helpsteer_jax.inference.sampling import SamplingConfig
 from helpsteer_jax.models import builder, hf, presets
 
@@ -110,6 +117,7 @@ def test_bad_input_gives_clear_errors(tmp_path, tokenizer):
 
 def _task_config():
   import runpy
+
   from conftest import REPO_ROOT
   return runpy.run_path(str(REPO_ROOT / "configs" / "generate.py"))["get_config"]()
 
@@ -207,7 +215,7 @@ def test_file_mode_resumes_mid_batch_as_an_uninterrupted_run(tmp_path, tokenizer
   # Sampling depends on the seed, so resuming at row 3 with its own seed would differ.
   alone = generate_task._answer_batch(gen, requests[3:5], config, sampling, config.seed + 3,
                                       None, None)
-  assert [json.loads(l)["response"] for l in lines[3:5]] != [r["response"] for r in alone]
+  assert [json.loads(line)["response"] for line in lines[3:5]] != [r["response"] for r in alone]
   other = tmp_path / "other.jsonl"
   other.write_text(lines[0] + lines[2])
   with pytest.raises(ConfigError, match="another input"):
@@ -253,6 +261,7 @@ def test_chat_keeps_history_and_changes_attributes():
 
 def test_loads_params_from_a_training_checkpoint(tmp_path):
   import optax
+
   from helpsteer_jax.data import pipeline
   from helpsteer_jax.data.features.next_token import next_token_features
   from helpsteer_jax.train import checkpoint as ckpt_lib
@@ -304,7 +313,8 @@ def test_generate_task_from_the_command_line(tmp_path, tokenizer):
             f"--config.input={inp}", "--config.max_new_tokens=6", "--config.batch_size=2",
             "--config.mesh.data=2", "--config.mesh.tensor=2", "--config.steer.complexity=1"]
   run_main(*common, f"--workdir={tmp_path / 'w1'}")
-  rows = [json.loads(l) for l in (tmp_path / "w1" / "generations.jsonl").read_text().splitlines()]
+  rows = [json.loads(line)
+          for line in (tmp_path / "w1" / "generations.jsonl").read_text().splitlines()]
   assert [r["prompt"][:10] for r in rows] == ["What is 2 ", "Name two f", "What is 1 "]
   assert rows[0]["id"] == "a" and rows[0]["attributes"]["verbosity"] == 0
   assert rows[1]["attributes"] == dict(helpfulness=4, correctness=4, coherence=4,
@@ -313,7 +323,8 @@ def test_generate_task_from_the_command_line(tmp_path, tokenizer):
              for r in rows)
   run_main(*common, f"--workdir={tmp_path / 'w2'}", "--config.best_of_n.n=3",
            "--config.sampling.temperature=1.0")
-  rows = [json.loads(l) for l in (tmp_path / "w2" / "generations.jsonl").read_text().splitlines()]
+  rows = [json.loads(line)
+          for line in (tmp_path / "w2" / "generations.jsonl").read_text().splitlines()]
   for r in rows:
     assert len(r["candidates"]) == 3 and set(r["candidates"][0]["scores"]) == set(ATTRIBUTES)
     assert r["response"] == r["candidates"][r["best"]]["response"]

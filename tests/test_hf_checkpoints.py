@@ -401,8 +401,8 @@ def test_tokenizer_files(checkpoints, tmp_path):
 
 def test_safetensors_writer_is_readable_by_safetensors(tmp_path):
   """Files we stream are valid for the reference `safetensors` library."""
-  from safetensors import safe_open
   import ml_dtypes
+  from safetensors import safe_open
   arrays = {"a": np.arange(6, dtype=np.float32).reshape(2, 3),
             "b": np.arange(5).astype(ml_dtypes.bfloat16),
             "c": np.ones((3, 1, 2), np.float16)}

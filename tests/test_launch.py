@@ -12,7 +12,8 @@ def _dry(script, *args, env=None):
                         env={**os.environ, **(env or {})}, capture_output=True, text=True,
                         timeout=60)
   assert proc.returncode == 0, proc.stderr
-  return [shlex.split(l[2:]) for l in proc.stdout.splitlines() if l.startswith("+ ")], proc.stdout
+  return ([shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("+ ")],
+          proc.stdout)
 
 
 def test_tpu_vm_dry_run_creates_copies_and_runs_on_all_workers():

@@ -32,7 +32,8 @@ def test_token_logprobs_value_and_gradient(chunk):
   def f(fn):
     return lambda h, w: jnp.sum(fn(h, w) * cot)
 
-  g_ours = jax.jit(jax.grad(f(lambda h, w: logprobs.token_logprobs(h, w, targets, chunk)), argnums=(0, 1)))(hidden, weight)
+  g_ours = jax.jit(jax.grad(f(lambda h, w: logprobs.token_logprobs(h, w, targets, chunk)),
+                            argnums=(0, 1)))(hidden, weight)
   g_ref = jax.grad(f(lambda h, w: _naive_logprobs(h, w, targets)), argnums=(0, 1))(hidden, weight)
   for a, b in zip(g_ours, g_ref):
     np.testing.assert_allclose(a, b, atol=1e-5)
@@ -81,8 +82,8 @@ def test_vocab_chunked_logprobs_value_and_gradient(vocab_chunk):
   hidden, weight, targets, _ = _inputs(seed=3)
   cot = jax.random.normal(jax.random.key(7), targets.shape)
   ours = lambda h, w: logprobs.token_logprobs_vocab_chunked(h, w, targets, vocab_chunk)
-  np.testing.assert_allclose(jax.jit(ours)(hidden, weight), _naive_logprobs(hidden, weight, targets),
-                             atol=1e-5)
+  np.testing.assert_allclose(jax.jit(ours)(hidden, weight),
+                             _naive_logprobs(hidden, weight, targets), atol=1e-5)
   g_ours = jax.jit(jax.grad(lambda h, w: jnp.sum(ours(h, w) * cot), argnums=(0, 1)))(hidden, weight)
   g_ref = jax.grad(lambda h, w: jnp.sum(_naive_logprobs(h, w, targets) * cot),
                    argnums=(0, 1))(hidden, weight)
@@ -119,7 +120,8 @@ def test_soft_capped_logprobs_value_and_gradient(fn):
     naive = lambda h, w: -jnp.sum(naive_lp(h, w) * weights)
   np.testing.assert_allclose(jax.jit(ours)(hidden, weight), naive(hidden, weight), atol=1e-5)
   # The cap matters at this scale: uncapped log-probs differ.
-  assert not np.allclose(naive_lp(hidden, weight), _naive_logprobs(hidden, weight, targets), atol=1e-2)
+  assert not np.allclose(naive_lp(hidden, weight), _naive_logprobs(hidden, weight, targets),
+                         atol=1e-2)
   cot = jax.random.normal(jax.random.key(10), jnp.shape(naive(hidden, weight)))
   g_ours = jax.jit(jax.grad(lambda h, w: jnp.sum(ours(h, w) * cot), argnums=(0, 1)))(hidden, weight)
   g_ref = jax.grad(lambda h, w: jnp.sum(naive(h, w) * cot), argnums=(0, 1))(hidden, weight)

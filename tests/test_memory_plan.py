@@ -3,9 +3,9 @@
 import importlib.util
 import sys
 
-from conftest import REPO_ROOT
-
 from helpsteer_jax import aot
+
+from conftest import REPO_ROOT
 
 
 def _plan_module():

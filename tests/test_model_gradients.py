@@ -88,7 +88,8 @@ def test_model_weight_gradients_match_pytorch(tmp_path, kind):
   tokens = np.random.RandomState(0).randint(0, 128, (2, 25))
 
   logits = ref(input_ids=torch.tensor(tokens[:, :-1])).logits
-  torch.nn.functional.cross_entropy(logits.reshape(-1, 128), torch.tensor(tokens[:, 1:]).reshape(-1),
+  torch.nn.functional.cross_entropy(logits.reshape(-1, 128),
+                                    torch.tensor(tokens[:, 1:]).reshape(-1),
                                     reduction="sum").backward()
 
   from flax import nnx

@@ -12,9 +12,10 @@ import re
 import numpy as np
 import pytest
 
-from cli_utils import run_main
 from helpsteer_jax.data import demo
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
+
+from cli_utils import run_main
 from multiprocess import run_group
 
 _RUN = ("--config=configs/acsft.py", "--config.model.hidden_size=64",
@@ -42,7 +43,7 @@ def inputs(tmp_path_factory):
 
 
 def _losses(workdir):
-  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   train = {r["step"]: r["loss"] for r in rows if "loss" in r}
   evals = [r["eval_loss"] for r in rows if "eval_loss" in r]
   return train, evals

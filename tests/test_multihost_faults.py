@@ -14,10 +14,10 @@ import time
 
 import numpy as np
 import pytest
+from test_multihost import inputs  # noqa: F401 - the shared data and tokenizer fixture
 
 from cli_utils import run_main
 from multiprocess import Group, free_port, run_group
-from test_multihost import inputs  # noqa: F401 - the shared data and tokenizer fixture
 
 pytestmark = pytest.mark.multihost
 
@@ -35,7 +35,7 @@ _RUN = ("--config=configs/acsft.py", "--config.model.hidden_size=64",
 
 def _losses(workdir) -> dict[int, float]:
   """Loss per step; a resumed run's rows come after the first run's."""
-  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
@@ -160,7 +160,8 @@ def test_losing_process_0_ends_the_other_at_once(inputs, tmp_path):  # noqa: F81
   assert survivor.returncode != 0
   assert time.monotonic() - killed_at < 60
   # process 0 hosted the coordination service: JAX's runtime ends the others itself
-  assert "leader task was preempted/died" in survivor.stderr or "Connection closed" in survivor.stderr
+  assert ("leader task was preempted/died" in survivor.stderr
+          or "Connection closed" in survivor.stderr)
 
 
 def test_bad_launch_flags_fail_with_what_to_fix_within_the_timeout(tmp_path):

@@ -19,11 +19,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import hf_multihost_worker as worker
-from conftest import REPO_ROOT
 from helpsteer_jax import sharding
 from helpsteer_jax.models import builder, hf
 from helpsteer_jax.models import safetensors_io as st
+
+import hf_multihost_worker as worker
+from conftest import REPO_ROOT
 from multiprocess import run_group
 
 transformers = pytest.importorskip("transformers")

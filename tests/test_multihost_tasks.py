@@ -22,11 +22,12 @@ import time
 import numpy as np
 import pytest
 
-from cli_utils import run_main
-from conftest import REPO_ROOT
 from helpsteer_jax import reward_runtime
 from helpsteer_jax.data import demo
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
+
+from cli_utils import run_main
+from conftest import REPO_ROOT
 from multiprocess import Group
 
 pytestmark = pytest.mark.multihost

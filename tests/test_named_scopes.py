@@ -1,10 +1,10 @@
 """The losses and the optimizer update carry named scopes in the lowered train step."""
 
 import pytest
+from test_aot_tasks import tiny
 
 from helpsteer_jax import runtime
 from helpsteer_jax.tasks import acsft, attribute_model, dpo2d
-from test_aot_tasks import tiny
 
 CASES = {
     "acsft": (acsft, {}, ("sft_loss", "fused_nll", "fused_nll_bwd")),

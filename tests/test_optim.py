@@ -2,7 +2,6 @@
 
 import math
 
-import ml_collections
 import numpy as np
 import pytest
 
@@ -57,4 +56,5 @@ def test_weight_decay_skips_norms_and_biases():
   params = {"embed": jnp.ones((4, 2)), "final_norm": {"scale": jnp.ones(2)},
             "layers": {"attn": {"q_bias": jnp.ones((2, 2))}}}
   mask = optim._decay_mask(params)
-  assert mask == {"embed": True, "final_norm": {"scale": False}, "layers": {"attn": {"q_bias": False}}}
+  assert mask == {"embed": True, "final_norm": {"scale": False},
+                  "layers": {"attn": {"q_bias": False}}}

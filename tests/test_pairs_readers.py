@@ -155,7 +155,7 @@ def test_plain_pairs_from_every_source(tmp_path, helpsteer2_sample):
   bad = _write_jsonl(tmp_path / "c.jsonl", [{"prompt": "q", "chosen": "a"}])
   with pytest.raises(DataError, match="missing field 'rejected'"):
     pairs.read_plain_pairs(bad)
-  rows = [json.loads(l) for l in helpsteer2_sample.read_text().splitlines()]
+  rows = [json.loads(line) for line in helpsteer2_sample.read_text().splitlines()]
   got = pairs.read_plain_pairs(helpsteer2_sample)
   assert 0 < len(got) <= 50
   by_prompt = {}

@@ -34,8 +34,9 @@ def _lines(path):
 
 
 def test_annotation_killed_mid_way_resumes_without_duplicates_or_gaps(tmp_path):
-  from helpsteer_jax.tasks import annotate
   from test_annotate import FakeScorer, IdTok, convs
+
+  from helpsteer_jax.tasks import annotate
   data = convs(40)
   full = tmp_path / "full.jsonl"
   annotate.annotate(data, FakeScorer(), IdTok(), full, chunk_rows=2, slots=[4, 8])
@@ -50,7 +51,8 @@ def test_annotation_killed_mid_way_resumes_without_duplicates_or_gaps(tmp_path):
           time.sleep(0.2)
           return super().score(seqs, on_batch)
 
-      annotate.annotate(convs(40), Slow(), IdTok(), pathlib.Path({str(part)!r}), chunk_rows=2, slots=[4, 8])
+      annotate.annotate(convs(40), Slow(), IdTok(), pathlib.Path({str(part)!r}), chunk_rows=2,
+                        slots=[4, 8])
       """)
   _kill_when(proc, lambda: _lines(part) >= 6)
   written = _lines(part)

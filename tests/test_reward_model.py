@@ -1,6 +1,5 @@
 """The reward model's head: where it reads, in fp32, with left or right padding."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx

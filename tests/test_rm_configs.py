@@ -4,10 +4,11 @@ import runpy
 
 import pytest
 
-from conftest import REPO_ROOT
 from helpsteer_jax import runtime
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.tasks import attribute_model
+
+from conftest import REPO_ROOT
 
 
 def get(task, preset=""):

@@ -19,7 +19,8 @@ from helpsteer_jax.models import hf
       "* bullet two\n\n", "Done."]),
     ("Code:\n```python\nx = 1.5\nprint(x). y\n\n```\nAfter code. End",
      ["Code:\n", "```python\nx = 1.5\nprint(x). y\n\n```\n", "After code. ", "End"]),
-    ("数字。好的！ Mixed text. 中文句子？对", ["数字。", "好的！ ", "Mixed text. ", "中文句子？", "对"]),
+    ("数字。好的！ Mixed text. 中文句子？对",
+     ["数字。", "好的！ ", "Mixed text. ", "中文句子？", "对"]),
     ("Dr. Smith met J. Doe at 5 p.m. today. Then he left...  Bye",
      ["Dr. Smith met J. Doe at 5 p.m. today. ", "Then he left...  ", "Bye"]),
     ('He said "stop." Then a) went on. It costs $3.50, i.e. cheap.',
@@ -100,6 +101,6 @@ def test_long_prompt_is_truncated_left_and_segments_survive(tokenizer):
   features, report = pair_rows.pair_features([too_long], tokenizer, seq_len=64, max_segments=4,
                                               score_max=4.0)
   assert features == [] and report.dropped["too_long"] == 1
-  features, report = pair_rows.pair_features([_pair("q", "One. Two. Three. Four. Five.", "y")], tokenizer,
-                                              seq_len=64, max_segments=4, score_max=4.0)
+  features, report = pair_rows.pair_features([_pair("q", "One. Two. Three. Four. Five.", "y")],
+                                              tokenizer, seq_len=64, max_segments=4, score_max=4.0)
   assert features == [] and report.dropped["too_many_segments"] == 1

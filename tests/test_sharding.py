@@ -39,8 +39,10 @@ def test_logical_to_spec_uses_each_mesh_axis_once():
   rules = sharding.DEFAULT_RULES
   assert sharding.logical_to_spec(("embed", "mlp"), rules) == P("fsdp", "tensor")
   # Activations: batch takes data+fsdp, so embed falls back to replicated.
-  assert sharding.logical_to_spec(("batch", "length", "embed"), rules) == P(("data", "fsdp"), None, None)
-  assert sharding.logical_to_spec(("layers", "embed", "heads", "head_dim"), rules) == P(None, "fsdp", "tensor", None)
+  assert (sharding.logical_to_spec(("batch", "length", "embed"), rules)
+          == P(("data", "fsdp"), None, None))
+  assert (sharding.logical_to_spec(("layers", "embed", "heads", "head_dim"), rules)
+          == P(None, "fsdp", "tensor", None))
 
 
 def test_rules_fall_through_to_next_candidate():
@@ -54,7 +56,8 @@ def test_bad_rule_names_mesh_axis():
 
 
 @pytest.mark.parametrize("mesh_shape,field,value,message", [
-    ((1, 2, 4), "num_kv_heads", 2, r"kv_heads=2 is not divisible by mesh axes 'tensor' \(4 shards\)"),
+    ((1, 2, 4), "num_kv_heads", 2,
+     r"kv_heads=2 is not divisible by mesh axes 'tensor' \(4 shards\)"),
     ((1, 1, 8), "num_heads", 12, r"heads=12 is not divisible"),
     ((1, 4, 2), "intermediate_size", 175, r"mlp=175 is not divisible"),
 ])
@@ -72,7 +75,8 @@ def test_model_that_cannot_shard_fails_before_compiling(mesh_shape, field, value
 
 def test_batch_not_divisible_by_batch_shards():
   mesh = sharding.make_mesh((2, 2, 2))
-  with pytest.raises(sharding.ShardingConfigError, match="batch size 6 is not divisible by the 4 batch shards"):
+  with pytest.raises(sharding.ShardingConfigError,
+                     match="batch size 6 is not divisible by the 4 batch shards"):
     sharding.check_batch(6, mesh, sharding.DEFAULT_RULES)
   sharding.check_batch(8, mesh, sharding.DEFAULT_RULES)
 
@@ -88,7 +92,8 @@ def test_parameters_are_born_sharded(mesh_shape):
   assert q.sharding.spec == P(None, "fsdp", "tensor", None)
   # Each device holds only its shard of a parameter.
   shard_shape = q.addressable_shards[0].data.shape
-  assert shard_shape == (cfg.num_layers, cfg.hidden_size // fsdp, cfg.num_heads // tensor, cfg.head_dim)
+  assert shard_shape == (cfg.num_layers, cfg.hidden_size // fsdp, cfg.num_heads // tensor,
+                         cfg.head_dim)
   assert params["embed"][...].sharding.spec == P("tensor", "fsdp")
   assert params["lm_head"][...].sharding.spec == P("fsdp", "tensor")
   assert params["layers/mlp/down_proj"][...].sharding.spec == P(None, "tensor", "fsdp")
@@ -96,7 +101,8 @@ def test_parameters_are_born_sharded(mesh_shape):
 
 def test_sharded_init_equals_single_device_init():
   cfg = presets.get_preset("tiny")
-  one = builder.init_model(cfg, sharding.make_mesh((1, 1, 1), jax.devices()[:1]), sharding.DEFAULT_RULES)
+  one = builder.init_model(cfg, sharding.make_mesh((1, 1, 1), jax.devices()[:1]),
+                           sharding.DEFAULT_RULES)
   many = builder.init_model(cfg, sharding.make_mesh((2, 2, 2)), sharding.DEFAULT_RULES)
   a = builder.named_variables(nnx.state(one, nnx.Param))
   b = builder.named_variables(nnx.state(many, nnx.Param))

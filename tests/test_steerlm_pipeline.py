@@ -9,7 +9,6 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT
 from helpsteer_jax import reward_runtime, runtime
 from helpsteer_jax.data.formats import helpsteer as readers
 from helpsteer_jax.data.records import ATTRIBUTES
@@ -17,6 +16,8 @@ from helpsteer_jax.data.template import parse_label_string
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.tasks import acsft, annotate, attribute_model, evaluate_rm
 from helpsteer_jax.train import checkpoint as ckpt_lib
+
+from conftest import REPO_ROOT
 
 
 def config(task, **sections):

@@ -4,8 +4,15 @@ import pytest
 
 from helpsteer_jax.data.records import ATTRIBUTES, HELPSTEER_ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.data.template import (
-    DEFAULT_SYSTEM, generation_prompt, label_string, parse_label_string, regression_text,
-    sft_pieces, sft_text, split_helpsteer_prompt)
+  DEFAULT_SYSTEM,
+  generation_prompt,
+  label_string,
+  parse_label_string,
+  regression_text,
+  sft_pieces,
+  sft_text,
+  split_helpsteer_prompt,
+)
 
 HEADER = ("<extra_id_0>System\nA chat between a curious user and an artificial intelligence"
           " assistant. The assistant gives helpful, detailed, and polite answers to the"
@@ -175,7 +182,8 @@ def test_split_prompt_templates_to_the_same_text_as_nemo_unsplit():
 
 
 def test_helpsteer_context_turns_carry_no_loss():
-  """HelpSteer2 prompts are context (NeMo keeps them in one user turn): only the scored response trains."""
+  """HelpSteer2 prompts are context (NeMo keeps them in one user turn): only the
+  scored response trains."""
   prompt = "Hi\n<extra_id_1>Assistant\nHello!\n<extra_id_1>User\nName a fruit."
   conv = Conversation(DEFAULT_SYSTEM, tuple(split_helpsteer_prompt(prompt))
                       + (Turn("Assistant", "Pear.", "helpfulness:4"),))

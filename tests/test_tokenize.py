@@ -7,9 +7,9 @@ import shutil
 import numpy as np
 import pytest
 
+from helpsteer_jax.data.features.tokenize import TokenizedExample, tokenize_pieces, truncate
 from helpsteer_jax.data.records import Conversation, Turn
 from helpsteer_jax.data.template import Piece, sft_pieces, sft_text
-from helpsteer_jax.data.features.tokenize import TokenizedExample, tokenize_pieces, truncate
 from helpsteer_jax.errors import ConfigError
 
 CONV = Conversation("A chat.", (

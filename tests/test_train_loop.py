@@ -2,7 +2,6 @@
 
 import jax
 import numpy as np
-from flax import nnx
 
 from train_utils import make_trainer, read_metrics, synthetic_features, tiny_config
 
@@ -61,7 +60,8 @@ def test_restore_onto_a_different_mesh(tmp_path):
   trainer.run(stop_at=2)
   saved = jax.device_get(trainer.state.params)
   trainer.close()
-  reshaped = make_trainer(tiny_config(mesh=(1, 8, 1), num_steps=4, micro_batch=8), tmp_path, features)
+  reshaped = make_trainer(tiny_config(mesh=(1, 8, 1), num_steps=4, micro_batch=8), tmp_path,
+                          features)
   assert int(reshaped.state.step) == 2
   q = reshaped.state.params["layers"]["attn"]["q_proj"]
   assert q.sharding.spec == jax.P(None, "fsdp", "tensor", None)

@@ -5,13 +5,14 @@ import runpy
 
 import numpy as np
 
-from conftest import REPO_ROOT
 from helpsteer_jax import config_base, runtime
 from helpsteer_jax.data.features.next_token import next_token_features
 from helpsteer_jax.losses.sft import sft_loss
 from helpsteer_jax.train import loop
 from helpsteer_jax.train import state as state_lib
 from helpsteer_jax.train.optim import optimizer_config
+
+from conftest import REPO_ROOT
 
 
 def task_config(task: str, overrides: dict | None = None, preset: str = ""):
@@ -66,5 +67,5 @@ def make_trainer(config, workdir, features, eval_features=()):
 
 def read_metrics(workdir):
   import json
-  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   return {r["step"]: r for r in rows if "loss" in r}

@@ -13,7 +13,14 @@ Layers (imports point down):
 
 from helpsteer_jax.data import demo, features, formats, records, segment, template
 from helpsteer_jax.data.records import (
-    ATTRIBUTES, CHOSEN, HELPSTEER_ATTRIBUTES, IGNORE_LABEL, REJECTED, Conversation, Turn)
+    ATTRIBUTES,
+    CHOSEN,
+    HELPSTEER_ATTRIBUTES,
+    IGNORE_LABEL,
+    REJECTED,
+    Conversation,
+    Turn,
+)
 
 __all__ = [
     "ATTRIBUTES", "CHOSEN", "Conversation", "HELPSTEER_ATTRIBUTES", "IGNORE_LABEL", "REJECTED",

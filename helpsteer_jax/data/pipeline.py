@@ -22,6 +22,7 @@ from typing import Iterator, Sequence
 import grain
 import numpy as np
 
+
 def _pad_row(features: dict[str, np.ndarray], seq_len: int) -> dict[str, np.ndarray]:
   """One example per row, right-padded. An example may bring its own
   `segment_ids` / `positions` (several sequences in one row, e.g. a
@@ -72,7 +73,8 @@ def _rows(ds: grain.IterDataset, cfg: PipelineConfig, drop_remainder: bool,
   return ds.batch(cfg.rows, drop_remainder=drop_remainder)
 
 
-def training_dataset(features: Sequence[dict[str, np.ndarray]], cfg: PipelineConfig) -> grain.IterDataset:
+def training_dataset(features: Sequence[dict[str, np.ndarray]],
+                     cfg: PipelineConfig) -> grain.IterDataset:
   """Endless, reshuffled every epoch, in global batches of `rows`."""
   if not features:
     raise ValueError("the training set is empty after reading and filtering")
@@ -80,7 +82,8 @@ def training_dataset(features: Sequence[dict[str, np.ndarray]], cfg: PipelineCon
   return _rows(ds.to_iter_dataset(), cfg, drop_remainder=True, keys=tuple(features[0]))
 
 
-def evaluation_batches(features: Sequence[dict[str, np.ndarray]], cfg: PipelineConfig) -> Iterator[dict[str, np.ndarray]]:
+def evaluation_batches(features: Sequence[dict[str, np.ndarray]],
+                       cfg: PipelineConfig) -> Iterator[dict[str, np.ndarray]]:
   """One pass in order; the last batch is padded with empty rows (weight 0)."""
   if not len(features):
     return

@@ -16,8 +16,7 @@ import dataclasses
 import re
 from typing import Mapping
 
-from helpsteer_jax.data.records import (
-    ATTRIBUTES, MAX_SCORE, MIN_SCORE, Conversation, Turn)
+from helpsteer_jax.data.records import ATTRIBUTES, MAX_SCORE, MIN_SCORE, Conversation, Turn
 
 DEFAULT_SYSTEM = (
     "A chat between a curious user and an artificial intelligence assistant. "

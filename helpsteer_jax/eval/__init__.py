@@ -2,7 +2,11 @@
 
 from helpsteer_jax.eval.rm_eval import evaluate_attributes, evaluate_pairs, score_conversations
 from helpsteer_jax.eval.rm_metrics import (
-    STEERLM_RM_WEIGHTS, attribute_metrics, pairwise_accuracy, rewardbench_sections)
+    STEERLM_RM_WEIGHTS,
+    attribute_metrics,
+    pairwise_accuracy,
+    rewardbench_sections,
+)
 from helpsteer_jax.eval.rm_report import attribute_table, pairs_table, plot_attributes
 
 __all__ = [

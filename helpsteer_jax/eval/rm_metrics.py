@@ -78,7 +78,8 @@ def rewards(preds: np.ndarray, weights: Sequence[float]) -> np.ndarray:
 
 
 def pairwise_accuracy(r_chosen: np.ndarray, r_rejected: np.ndarray) -> float:
-  return float(np.mean(np.asarray(r_chosen) > np.asarray(r_rejected))) if len(r_chosen) else float("nan")
+  return (float(np.mean(np.asarray(r_chosen) > np.asarray(r_rejected))) if len(r_chosen)
+          else float("nan"))
 
 
 def accuracy_by_subset(r_chosen: np.ndarray, r_rejected: np.ndarray,

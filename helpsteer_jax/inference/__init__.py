@@ -7,7 +7,11 @@ reward model itself over the mesh.
 """
 
 from helpsteer_jax.inference.attribute_scorer import (
-    AttributeScorer, DemoRuleScorer, MeshScorer, load_scorer)
+    AttributeScorer,
+    DemoRuleScorer,
+    MeshScorer,
+    load_scorer,
+)
 from helpsteer_jax.inference.decode import Sampler
 from helpsteer_jax.inference.generator import Generator
 from helpsteer_jax.inference.sampling import SamplingConfig

@@ -7,8 +7,9 @@ workdir or its `checkpoints/` directory, the latest step unless
 `config.checkpoint_step` is set. The shapes (vocabulary, widths, layers,
 heads, tied embeddings, QKV bias) are read from the checkpoint's metadata
 by the preset's model family; the preset supplies the rest (family knobs,
-RoPE, norm epsilon, token ids), so pass the training run's `model.preset`. Shape flags given explicitly must match the
-checkpoint (a mismatch names the parameter that differs).
+RoPE, norm epsilon, token ids), so pass the training run's `model.preset`.
+Shape flags given explicitly must match the checkpoint (a mismatch names
+the parameter that differs).
 """
 
 from __future__ import annotations

@@ -35,7 +35,10 @@ from helpsteer_jax.data.records import ATTRIBUTES, HELPSTEER_ATTRIBUTES, Convers
 from helpsteer_jax.data.template import regression_text
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference.attribute_scorer import (
-    AttributeScorer, MeshScorer, checked_predictions)
+  AttributeScorer,
+  MeshScorer,
+  checked_predictions,
+)
 from helpsteer_jax.train import metrics as metrics_lib
 
 MODES = ("in_context", "prefix_difference")

@@ -21,7 +21,7 @@ import ml_collections
 
 from helpsteer_jax.data import template
 from helpsteer_jax.data.formats.rows import iter_json_lines
-from helpsteer_jax.data.records import ATTRIBUTES, HELPSTEER_ATTRIBUTES, Conversation, Turn
+from helpsteer_jax.data.records import ATTRIBUTES, HELPSTEER_ATTRIBUTES, Conversation
 from helpsteer_jax.errors import ConfigError, DataError
 
 NEMO_DEFAULTS = {"quality": 4, "toxicity": 0, "humor": 0, "creativity": 0,
@@ -146,7 +146,7 @@ def read_requests(source: str, defaults: Mapping[str, int],
   if source == "-":
     stream = stdin or sys.stdin
     lines = stream.read().splitlines(keepends=True)
-    if next((l for l in lines if l.strip()), "").lstrip().startswith("{"):
+    if next((line for line in lines if line.strip()), "").lstrip().startswith("{"):
       return list(_json_requests(_stdin_rows(lines), "<stdin>", defaults, system))
     return _text_requests(enumerate(lines, 1), "<stdin>", defaults, system)
   path = pathlib.Path(source)

@@ -10,7 +10,11 @@ from helpsteer_jax.losses.bt import BT_VARIANTS, bt_loss
 from helpsteer_jax.losses.dpo import dpo_sigmoid_loss, ipo_loss
 from helpsteer_jax.losses.dpo2d import LOSS_TYPES, PairInputs, PreferenceLossConfig, pair_losses
 from helpsteer_jax.losses.logprobs import (
-    segment_logprob_sums, token_logprobs, token_logprobs_vocab_chunked, weighted_nll)
+    segment_logprob_sums,
+    token_logprobs,
+    token_logprobs_vocab_chunked,
+    weighted_nll,
+)
 from helpsteer_jax.losses.pair_logprobs import model_segment_logps, preference_loss
 from helpsteer_jax.losses.regression import masked_mse, regression_loss
 from helpsteer_jax.losses.sft import sft_loss

@@ -37,8 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from helpsteer_jax import unrollable
 from helpsteer_jax import sharding as sharding_lib
+from helpsteer_jax import unrollable
 
 NEG_INF = -0.7 * float(np.finfo(np.float32).max)
 
@@ -169,11 +169,11 @@ def _group_forward(q, k, v, seg, block, window, softcap):
     s, _, lo = _block_scores(q[:, start:stop], k, seg, start, stop, window, softcap)
     m = jnp.max(s, axis=-1, keepdims=True)
     p = jnp.exp(s - m)
-    l = jnp.sum(p, axis=-1, keepdims=True)
+    denom = jnp.sum(p, axis=-1, keepdims=True)
     o = jnp.einsum("gts,sd->gtd", p.astype(v.dtype), v[lo:stop],
-                   preferred_element_type=jnp.float32) / l
+                   preferred_element_type=jnp.float32) / denom
     outs.append(o.astype(q.dtype))
-    lses.append((m + jnp.log(l))[..., 0])
+    lses.append((m + jnp.log(denom))[..., 0])
   return jnp.concatenate(outs, axis=1), jnp.concatenate(lses, axis=1)
 
 

@@ -26,14 +26,22 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from helpsteer_jax import sharding as sharding_lib
+from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import builder, families
 from helpsteer_jax.models import safetensors_io as st
-from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models.config import ModelConfig
 from helpsteer_jax.models.families import (
-    ARCHITECTURES, ParamMapping, block_ranges, config_from_hf, config_to_hf)
+  ARCHITECTURES,
+  ParamMapping,
+  block_ranges,
+  config_from_hf,
+  config_to_hf,
+)
 from helpsteer_jax.models.hf_config import (
-    UnsupportedCheckpointError, generation_config, read_hf_config)
+  UnsupportedCheckpointError,
+  generation_config,
+  read_hf_config,
+)
 
 __all__ = [
     "ARCHITECTURES", "CheckpointError", "ParamMapping", "TOKENIZER_FILES",

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 
 from helpsteer_jax.errors import ConfigError
-from types import ModuleType
 
 TASKS = {
     "model_smoke": "helpsteer_jax.tasks.model_smoke",

@@ -19,8 +19,8 @@ from helpsteer_jax.data import pipeline
 from helpsteer_jax.data.batches import SFT_BATCH, BatchSchema
 from helpsteer_jax.data.features.next_token import sft_features
 from helpsteer_jax.data.features.tokenize import FeatureReport
-from helpsteer_jax.data.formats.helpsteer import load_conversations
 from helpsteer_jax.data.formats.rows import BadRecordReport
+from helpsteer_jax.data.formats.task_source import load_conversations
 from helpsteer_jax.losses.sft import sft_loss
 from helpsteer_jax.models import builder
 from helpsteer_jax.tasks import common

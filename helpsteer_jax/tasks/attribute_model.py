@@ -20,11 +20,11 @@ from absl import logging
 from flax import nnx
 
 from helpsteer_jax import reward_runtime, runtime
+from helpsteer_jax.data.batches import BT_BATCH, REGRESSION_BATCH, BatchSchema
 from helpsteer_jax.data.features import rm as rm_data
 from helpsteer_jax.data.formats import preference
-from helpsteer_jax.data.formats.helpsteer import load_conversations
 from helpsteer_jax.data.formats.rows import BadRecordReport
-from helpsteer_jax.data.batches import BT_BATCH, REGRESSION_BATCH, BatchSchema
+from helpsteer_jax.data.formats.task_source import load_conversations
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.eval import rm_eval, rm_report

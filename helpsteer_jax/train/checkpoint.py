@@ -50,12 +50,14 @@ class _IteratorHandler(grain.checkpoint.CheckpointHandler):
     index, count = grain_sharding.get_process_index_and_count()
     own = directory / f"process_{index}-of-{count}.json"
     if not own.exists():
-      saved = sorted(directory.glob("process_0-of-*.json")) or sorted(directory.glob("process_*.json"))
+      saved = (sorted(directory.glob("process_0-of-*.json"))
+               or sorted(directory.glob("process_*.json")))
       if not saved:
         raise ValueError(f"no data iterator state in {directory}")
       item = item or args.item
       state = saved[0].read_text()
-      item.set_state(json.loads(state) if isinstance(item, grain.DatasetIterator) else state.encode())
+      item.set_state(json.loads(state) if isinstance(item, grain.DatasetIterator)
+                     else state.encode())
       item.start_prefetch()
       return item
     return super().restore(directory, item=item, args=args)

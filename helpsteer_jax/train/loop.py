@@ -16,10 +16,9 @@ argument with its shardings and to the loss as `loss_fn(model, batch, frozen)`.
 from __future__ import annotations
 
 import dataclasses
-import math
 import pathlib
 import time
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -115,8 +114,9 @@ def make_train_step(graphdef: nnx.GraphDef, rest: Any, loss_fn: LossFn,
         sums = {"loss": loss, **aux}
       else:
         first = jax.tree.map(lambda x: x[0], batch)
-        zero_sums = jax.tree.map(lambda x: jnp.zeros((), jnp.float32),
-                                 jax.eval_shape(lambda: micro_loss(state.params, first, *frozen)[1]))
+        zero_sums = jax.tree.map(
+            lambda x: jnp.zeros((), jnp.float32),
+            jax.eval_shape(lambda: micro_loss(state.params, first, *frozen)[1]))
         zero_sums = {"loss": jnp.zeros((), jnp.float32), **zero_sums}
         (grads, sums), _ = unrollable.scan(accumulate, (_tree_zeros_like(state.params), zero_sums),
                                       batch)
@@ -196,7 +196,8 @@ class Trainer:
     return state, shardings
 
   def _compile(self) -> None:
-    graphdef, rest, loss_fn, rules = self.parts.graphdef, self.parts.rest, self.loss_fn, self.rt.rules
+    graphdef, rest, loss_fn, rules = (self.parts.graphdef, self.parts.rest, self.loss_fn,
+                                      self.rt.rules)
     train_step = make_train_step(graphdef, rest, loss_fn, self.tx, self.schedule, rules, self.accum)
 
     def eval_step(params, batch, *frozen):
@@ -207,7 +208,8 @@ class Trainer:
     self.train_step = jit_train_step(train_step, self.rt, self.state_shardings, self.batch_sharding,
                                      self._frozen_shardings)
     with jax.set_mesh(self.rt.mesh):
-      self.eval_step = jax.jit(eval_step, in_shardings=(self.state_shardings.params, self.eval_batch_sharding,
+      self.eval_step = jax.jit(eval_step, in_shardings=(self.state_shardings.params,
+                                                        self.eval_batch_sharding,
                                                         *self._frozen_shardings))
 
   # -- data ------------------------------------------------------------------
@@ -252,7 +254,8 @@ class Trainer:
     writer = metrics_lib.MetricsWriter(self.workdir)
     progress = metrics_lib.Progress(total=tc.num_steps, initial=start, desc=self.config.task)
     preemption = preemption_lib.PreemptionSignal().install()
-    peak = metrics_lib.peak_flops_per_device(tc.peak_flops, tc.cpu_peak_gflops * 1e9) * jax.device_count()
+    peak = (metrics_lib.peak_flops_per_device(tc.peak_flops, tc.cpu_peak_gflops * 1e9)
+            * jax.device_count())
     last, eval_metrics, status = {}, {}, "finished"
     window_tokens, window_start, window_steps = 0, time.perf_counter(), 0
     pending = None
@@ -307,7 +310,8 @@ class Trainer:
     run, limit = int(fetched["nonfinite_run"]), self.tc.max_consecutive_nonfinite
     if run:
       logging.warning("step %d: %d update(s) in a row skipped for a non-finite loss or"
-                      " gradient (%d in this run so far)", step, run, int(fetched["nonfinite_total"]))
+                      " gradient (%d in this run so far)", step, run,
+                      int(fetched["nonfinite_total"]))
     if limit and run >= limit:
       first = step - run + 1
       raise TrainingError(

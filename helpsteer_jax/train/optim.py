@@ -52,7 +52,8 @@ def _decay_mask(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
-def make_optimizer(opt: ml_collections.ConfigDict, num_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make_optimizer(opt: ml_collections.ConfigDict,
+                   num_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """Global-norm clipping followed by AdamW (decoupled weight decay).
 
   The chain is wrapped in `optax.apply_if_finite`: a non-finite gradient

@@ -7,8 +7,14 @@ HelpSteer2-Preference pairs of them (plus the rules that score a response);
 
 from helpsteer_jax.data.demo.pairs_2d import demo_pairs, write_demo_2d
 from helpsteer_jax.data.demo.rows import (
-    corpus, demo_rows, heldout_prompts, rule_correct, rule_scores, write_demo_dataset,
-    write_demo_preference)
+    corpus,
+    demo_rows,
+    heldout_prompts,
+    rule_correct,
+    rule_scores,
+    write_demo_dataset,
+    write_demo_preference,
+)
 from helpsteer_jax.data.demo.tokenizer import build_demo_tokenizer
 
 __all__ = [

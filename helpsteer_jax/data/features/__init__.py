@@ -10,9 +10,17 @@ featurizer fields of the schemas in `data.batches`.
 from helpsteer_jax.data.features.next_token import next_token_features, sft_features
 from helpsteer_jax.data.features.pair_rows import pair_features
 from helpsteer_jax.data.features.rm import (
-    RegressionTokenizer, bt_features, label_vector, regression_features)
+    RegressionTokenizer,
+    bt_features,
+    label_vector,
+    regression_features,
+)
 from helpsteer_jax.data.features.tokenize import (
-    FeatureReport, TokenizedExample, tokenize_pieces, truncate)
+    FeatureReport,
+    TokenizedExample,
+    tokenize_pieces,
+    truncate,
+)
 
 __all__ = [
     "FeatureReport", "RegressionTokenizer", "TokenizedExample", "bt_features", "label_vector",

@@ -23,6 +23,7 @@ from helpsteer_jax.data.features.tokenize import FeatureReport
 from helpsteer_jax.data.formats.helpsteer_2d import ScoredPair, ScoredResponse
 from helpsteer_jax.data.records import Conversation, Turn
 
+
 def response_pieces(prompt: str, response: str, label: str | None = None
                     ) -> tuple[list[template.Piece], int]:
   """Template pieces of prompt + response and the response's character offset."""

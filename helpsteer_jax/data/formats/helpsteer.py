@@ -1,11 +1,8 @@
 """HelpSteer / HelpSteer2 rows and NeMo SteerLM conversations -> `Conversation`s.
 
-`load_conversations` is the one entry for a task's configured source:
-`config.data.format` "auto", "helpsteer" or "steerlm" reads files,
-directories or hub ids (see `rows.resolve_source`); "tfds" reads the
-HelpSteer2 array_record dataset built by `tfds_helpsteer2` from
-`data.train_path` (a TFDS data_dir), building it first from
-`data.tfds_source_dir` (the hub's jsonl.gz files) when it is not there yet.
+`read_records` reads files, directories or hub ids (see
+`rows.resolve_source`) in the "auto", "helpsteer" or "steerlm" format;
+`task_source.load_conversations` picks between it and the TFDS dataset.
 
 Scores must be ints in 0..4: HelpSteer and HelpSteer2 ship JSON integers
 (int64 columns in parquet), so a float such as 3.0 means the file was
@@ -19,16 +16,32 @@ import itertools
 import os
 from typing import Any, Iterator, Mapping
 
-import ml_collections
 import numpy as np
 
 from helpsteer_jax.data.formats.rows import (
-    BadRecord, BadRecordReport, check_on_bad_record, iter_checked_rows, iter_rows, required,
-    required_text, resolve_source)
+  BadRecord,
+  BadRecordReport,
+  check_on_bad_record,
+  iter_checked_rows,
+  iter_rows,
+  required,
+  required_text,
+  resolve_source,
+)
 from helpsteer_jax.data.records import (
-    HELPSTEER_ATTRIBUTES, MAX_SCORE, MIN_SCORE, ROLES, Conversation, Turn)
+  HELPSTEER_ATTRIBUTES,
+  MAX_SCORE,
+  MIN_SCORE,
+  ROLES,
+  Conversation,
+  Turn,
+)
 from helpsteer_jax.data.template import (
-    DEFAULT_SYSTEM, label_string, parse_label_string, split_helpsteer_prompt)
+  DEFAULT_SYSTEM,
+  label_string,
+  parse_label_string,
+  split_helpsteer_prompt,
+)
 from helpsteer_jax.errors import ConfigError
 
 FORMATS = ("auto", "helpsteer", "steerlm")
@@ -170,19 +183,3 @@ def read_steerlm_conversations(source: str | os.PathLike, on_bad_record: str = "
   stays None (annotation input).
   """
   return read_records(source, split, "steerlm", on_bad_record, report)
-
-
-def load_conversations(source: str, split: str, config: ml_collections.ConfigDict,
-                       report: BadRecordReport | None = None) -> list[Conversation]:
-  """Reads `split` of `source`; bad rows stop the run or are skipped into `report`."""
-  data = config.data
-  if data.format == "tfds":
-    from helpsteer_jax.data.formats import tfds_helpsteer2  # a heavy import: tfds
-    if data.get("tfds_source_dir"):
-      builder = tfds_helpsteer2.build_tfds_helpsteer2(data.tfds_source_dir, source,
-                                                      on_bad_record=data.on_bad_record)
-      if report is not None:
-        report.merge(builder.bad_records)
-    return tfds_helpsteer2.read_tfds_helpsteer2(source, split)
-  return read_records(source, split=split, fmt=data.format,
-                      on_bad_record=data.on_bad_record, report=report)

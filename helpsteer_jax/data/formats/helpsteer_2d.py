@@ -38,8 +38,16 @@ import numpy as np
 from helpsteer_jax.data import segment
 from helpsteer_jax.data.formats.helpsteer import helpsteer_fields
 from helpsteer_jax.data.formats.rows import (
-    BadRecord, BadRecordReport, iter_checked_rows, iter_json_lines, iter_rows, log, required,
-    required_text, resolve_source)
+  BadRecord,
+  BadRecordReport,
+  iter_checked_rows,
+  iter_json_lines,
+  iter_rows,
+  log,
+  required,
+  required_text,
+  resolve_source,
+)
 from helpsteer_jax.errors import ConfigError, DataError
 
 ASPECTS_2D = ("helpfulness", "correctness", "safety", "completeness", "clarity")
@@ -73,7 +81,8 @@ class PlainPair:
 
 
 def _number(value: Any, what: str, score_max: float) -> float:
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+  if (isinstance(value, (bool, np.bool_))
+      or not isinstance(value, (int, float, np.integer, np.floating))):
     raise BadRecord("score not a number", f"{what}={value!r}")
   if not 0 <= value <= score_max or value != value:
     raise BadRecord(f"score outside 0..{score_max:g}", f"{what}={value}")
@@ -151,7 +160,8 @@ def iter_csv_rows(path: str) -> Iterator[tuple[int, dict]]:
       reader = csv.DictReader(f)
       missing = [c for c in CSV_COLUMNS if c not in (reader.fieldnames or [])]
       if missing:
-        raise DataError(path, 1, f"CSV header lacks column(s) {missing}; expected {list(CSV_COLUMNS)}")
+        raise DataError(path, 1, f"CSV header lacks column(s) {missing}; "
+                                 f"expected {list(CSV_COLUMNS)}")
       line = reader.line_num + 1
       for row in reader:
         yield line, row

@@ -18,8 +18,14 @@ from typing import Mapping
 import numpy as np
 
 from helpsteer_jax.data.formats.rows import (
-    BadRecord, BadRecordReport, check_on_bad_record, iter_checked_rows, iter_rows, required_text,
-    resolve_source)
+  BadRecord,
+  BadRecordReport,
+  check_on_bad_record,
+  iter_checked_rows,
+  iter_rows,
+  required_text,
+  resolve_source,
+)
 from helpsteer_jax.data.records import Conversation, Turn
 from helpsteer_jax.data.template import DEFAULT_SYSTEM, split_helpsteer_prompt
 

@@ -18,7 +18,12 @@ from helpsteer_jax.models.config import ModelConfig
 from helpsteer_jax.models.families import gemma2, llama, mistral, qwen2, qwen3
 from helpsteer_jax.models.families.base import Family, ParamMapping, block_ranges
 from helpsteer_jax.models.hf_config import (
-    UnsupportedCheckpointError, architecture, common_fields, common_to_hf, read_hf_config)
+  UnsupportedCheckpointError,
+  architecture,
+  common_fields,
+  common_to_hf,
+  read_hf_config,
+)
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     llama.FAMILY, mistral.FAMILY, qwen2.FAMILY, qwen3.FAMILY, gemma2.FAMILY)}

@@ -1,0 +1,107 @@
+"""The package's imports follow the layer order docs/architecture.md lists.
+
+The layout tree in the architecture document is the reference: a module may
+import only modules listed below it (or its own entry's modules, e.g. one
+family module from another). Every import counts, including those inside
+functions, so the document stays true as code moves.
+"""
+
+import ast
+import pathlib
+import re
+
+from conftest import REPO_ROOT
+
+PACKAGE = "helpsteer_jax"
+_ENTRY = re.compile(r"^( *)([\w.]+(?:\.py|/)(?:, [\w.]+\.py)*)(?:\s|$)")
+
+
+def layer_entries(doc: str) -> list[list[str]]:
+  """The tree's entries in order, each a list of dotted module or package names."""
+  block = doc.split(f"```\n{PACKAGE}/\n", 1)[1].split("```", 1)[0]
+  entries, parents = [], []
+  for line in block.splitlines():
+    match = _ENTRY.match(line)
+    if not match or len(match.group(1)) % 2:
+      continue
+    depth = len(match.group(1)) // 2 - 1
+    if depth < 0:
+      break  # configs/, benchmarks/, tests/: outside the package
+    del parents[depth:]
+    names = [n.strip() for n in match.group(2).split(",")]
+    prefix = ".".join([PACKAGE, *parents])
+    entries.append([f"{prefix}.{n.removesuffix('.py').removesuffix('/')}" for n in names])
+    if names[0].endswith("/"):
+      parents.append(names[0][:-1])
+  return entries
+
+
+def _module_name(path: pathlib.Path) -> str:
+  parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(name: str) -> bool:
+  path = REPO_ROOT.joinpath(*name.split("."))
+  return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def imported_modules(path: pathlib.Path) -> set[str]:
+  """Package modules `path` imports (`from pkg import mod` names the module)."""
+  tree = ast.parse(path.read_text())
+  package = _module_name(path) if path.name == "__init__.py" else _module_name(path.parent)
+  found = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      found.update(a.name for a in node.names)
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
+                        + ([base] if base else []))
+      for alias in node.names:
+        sub = f"{base}.{alias.name}"
+        found.add(sub if _is_module(sub) else base)
+  return {m for m in found if m == PACKAGE or m.startswith(PACKAGE + ".")}
+
+
+def _rank(module: str, ranks: dict[str, int]) -> int | None:
+  """The rank of the most specific listed entry holding `module`."""
+  parts = module.split(".")
+  for end in range(len(parts), 1, -1):
+    if ".".join(parts[:end]) in ranks:
+      return ranks[".".join(parts[:end])]
+  return None
+
+
+def test_every_module_is_listed_and_imports_point_down():
+  entries = layer_entries((REPO_ROOT / "docs" / "architecture.md").read_text())
+  ranks = {name: i for i, names in enumerate(entries) for name in names}
+  assert len(ranks) > 40, "the layout tree was not found"
+  for name in ranks:
+    assert _is_module(name), f"docs/architecture.md lists {name}, which does not exist"
+  upward, unlisted = [], []
+  for path in sorted((REPO_ROOT / PACKAGE).rglob("*.py")):
+    module = _module_name(path)
+    if module == PACKAGE:
+      continue
+    mine = _rank(module, ranks)
+    if mine is None:
+      unlisted.append(module)
+      continue
+    for target in sorted(imported_modules(path)):
+      theirs = _rank(target, ranks)
+      if theirs is None:
+        unlisted.append(target)
+      elif theirs < mine and not module.startswith(target + "."):
+        upward.append(f"{module} imports {target}, listed above it")
+  assert not unlisted, f"not in docs/architecture.md's tree: {sorted(set(unlisted))}"
+  assert not upward, "imports against the layer order:\n" + "\n".join(upward)
+
+
+def test_layer_parser_reads_nesting_and_shared_lines():
+  doc = ("x\n```\nhelpsteer_jax/\n  main.py   entry\n  models/\n    hf.py, rope.py\n"
+         "                     wrapped description\n  errors.py  e\nconfigs/  c\n```\n")
+  assert layer_entries(doc) == [["helpsteer_jax.main"], ["helpsteer_jax.models"],
+                                ["helpsteer_jax.models.hf", "helpsteer_jax.models.rope"],
+                                ["helpsteer_jax.errors"]]
