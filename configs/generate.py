@@ -18,9 +18,10 @@ Rerunning the same file-mode command resumes: rows already in the output are
 kept and only the rest are appended (with the seeds an uninterrupted run uses).
 
 Presets: the default (the `tiny` preset of the default AC-SFT run, whose
-checkpoints carry their own shapes; labels with the five HelpSteer
-attributes it was trained on), `llama2_70b`, `llama3_70b`, `llama3_8b` (all
-nine attributes, as NeMo's SteerLM models) and `smollm2_135m`.
+checkpoints carry their own shapes), `llama2_70b`, `llama3_70b`, `llama3_8b`
+and `smollm2_135m`. The label carries the attributes the model's export
+declares (the five HelpSteer ones for the demo AC-SFT run), else all nine as
+NeMo's SteerLM models; `--config.steer_attributes` overrides.
 """
 
 import ml_collections
@@ -46,15 +47,16 @@ def get_config(preset: str = ""):
   config.add_bos = True
   config.stop_strings = tuple(DEFAULT_STOP_STRINGS)
   config.sampling = ml_collections.ConfigDict(dict(temperature=0.0, top_k=0, top_p=1.0))
+  # Unset values and an empty steer_attributes take the model's own (the `steerlm`
+  # section of its export), else NeMo's defaults for all nine attributes.
   config.steer = steering.steer_config()
-  config.steer_attributes = "all"  # "all", "helpsteer" or a comma-separated list
+  config.steer_attributes = ""  # "", "all", "helpsteer" or a comma-separated list
   config.best_of_n = ml_collections.ConfigDict(dict(
       n=1, scorer="demo_rules", scorer_path="",
       weights=ml_collections.ConfigDict({name: HELPSTEER2_WEIGHTS.get(name, 0.0)
                                          for name in steering.NEMO_DEFAULTS})))
   if preset in ("", "demo"):
     config.model = config_base.model_section("tiny")
-    config.steer_attributes = "helpsteer"
     return config
   if preset in ("llama2_70b", "llama3_70b", "llama3_8b", "smollm2_135m"):
     config.model = config_base.model_section(preset, dtype="bfloat16", param_dtype="bfloat16")

@@ -123,7 +123,9 @@ def _task_config():
 
 
 def test_requests_from_jsonl_text_and_stdin(tmp_path):
-  defaults = steering.run_attributes(_task_config())
+  config = _task_config()
+  config.steer_attributes = "helpsteer"
+  defaults = steering.run_attributes(config)
   assert defaults == dict(helpfulness=4, correctness=4, coherence=4, complexity=4, verbosity=4)
   path = tmp_path / "in.jsonl"
   path.write_text(json.dumps({"prompt": "Name two fruits.", "id": 7,
@@ -311,7 +313,8 @@ def test_generate_task_from_the_command_line(tmp_path, tokenizer):
   ]) + "\n")
   common = ["--config=configs/generate.py", f"--config.model.hf_path={tmp_path / 'hf'}",
             f"--config.input={inp}", "--config.max_new_tokens=6", "--config.batch_size=2",
-            "--config.mesh.data=2", "--config.mesh.tensor=2", "--config.steer.complexity=1"]
+            "--config.mesh.data=2", "--config.mesh.tensor=2", "--config.steer.complexity=1",
+            "--config.steer_attributes=helpsteer"]  # the export has no steerlm section
   run_main(*common, f"--workdir={tmp_path / 'w1'}")
   rows = [json.loads(line)
           for line in (tmp_path / "w1" / "generations.jsonl").read_text().splitlines()]
@@ -349,6 +352,7 @@ def test_chat_mode_of_the_task(tmp_path, monkeypatch, capsys):
   config = _task_config()
   config.model.hf_path = str(tmp_path / "hf")
   config.mode, config.max_new_tokens = "chat", 5
+  config.steer_attributes = "helpsteer"  # the export has no steerlm section
   config.mesh = config_base.mesh_config(1, -1, 2)
   monkeypatch.setattr("sys.stdin", io.StringIO("What is 2 plus 2?\n/set verbosity=0\n"
                                                "And 3 plus 3?\n/show\n"))

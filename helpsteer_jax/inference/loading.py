@@ -9,7 +9,9 @@ heads, tied embeddings, QKV bias) are read from the checkpoint's metadata
 by the preset's model family; the preset supplies the rest (family knobs,
 RoPE, norm epsilon, token ids), so pass the training run's `model.preset`.
 Shape flags given explicitly must match the checkpoint (a mismatch names
-the parameter that differs).
+the parameter that differs). `steer_spec` finds the model's steerable
+attributes: the `steerlm` section of the HF directory, or of the `hf/`
+export of the checkpoint's training run.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import ml_collections
 from flax import nnx
 
 from helpsteer_jax import runtime
+from helpsteer_jax.data import chat_template
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import builder, families, hf
 from helpsteer_jax.train import checkpoint as ckpt_lib
@@ -70,3 +73,12 @@ def tokenizer_dir(config: ml_collections.ConfigDict, workdir: str | pathlib.Path
       if any((candidate / name).is_file() for name in hf.TOKENIZER_FILES):
         return str(candidate)
   return runtime.tokenizer_dir(config, workdir)
+
+
+def steer_spec(config: ml_collections.ConfigDict) -> chat_template.SteerSpec | None:
+  """The steerable attributes the model's export declares (None: it declares none)."""
+  if config.model.hf_path:
+    return chat_template.read_spec(config.model.hf_path)
+  if config.checkpoint:
+    return chat_template.read_spec(checkpoint_dir(config.checkpoint).parent / "hf")
+  return None

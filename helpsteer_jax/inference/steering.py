@@ -1,12 +1,14 @@
 """Steering requests: attribute values, prompts from files or stdin, SteerLM prompts.
 
-Defaults are NeMo's SteerLM inference values (quality 4, toxicity 0, humor 0,
-creativity 0, and 4 for the five HelpSteer attributes). `steer_attributes`
-selects which attributes the label string carries: a model answers to the
-label format it was trained on (all nine for OASST + HelpSteer SteerLM
-models, the five HelpSteer ones for models trained on HelpSteer rows only).
-Prompts are built by `data.template.generation_prompt`, the formatter AC-SFT
-training uses.
+`steer_attributes` selects which attributes the label string carries: a
+model answers to the label format it was trained on (all nine for OASST +
+HelpSteer SteerLM models, the five HelpSteer ones for models trained on
+HelpSteer rows only). Precedence, name by name: the config (a non-empty
+`steer_attributes`, a set `config.steer.<name>`), then the model's own
+`steerlm` section (what AC-SFT and 2D-DPO exports carry), then all nine
+names with NeMo's SteerLM inference values (quality 4, toxicity 0, humor 0,
+creativity 0, and 4 for the five HelpSteer attributes). Prompts are built by
+`data.template.generation_prompt`, the formatter AC-SFT training uses.
 """
 
 from __future__ import annotations
@@ -20,20 +22,21 @@ from typing import Any, Iterator, Mapping, TextIO
 import ml_collections
 
 from helpsteer_jax.data import template
+from helpsteer_jax.data.chat_template import NEMO_DEFAULTS, SteerSpec
 from helpsteer_jax.data.formats.rows import iter_json_lines
 from helpsteer_jax.data.records import ATTRIBUTES, HELPSTEER_ATTRIBUTES, Conversation
 from helpsteer_jax.errors import ConfigError, DataError
 
-NEMO_DEFAULTS = {"quality": 4, "toxicity": 0, "humor": 0, "creativity": 0,
-                 "helpfulness": 4, "correctness": 4, "coherence": 4, "complexity": 4,
-                 "verbosity": 4}
 ATTRIBUTE_SETS = {"all": ATTRIBUTES, "helpsteer": HELPSTEER_ATTRIBUTES}
 _ROW_KEYS = ("prompt", "attributes", "system")
 
 
 def steer_config(**overrides: int) -> ml_collections.ConfigDict:
-  """The `config.steer` section: one 0..4 value per attribute."""
-  return ml_collections.ConfigDict({**NEMO_DEFAULTS, **overrides})
+  """The `config.steer` section: one 0..4 value per attribute, unset (None) by default."""
+  fields = {name: ml_collections.config_dict.placeholder(int) for name in ATTRIBUTES}
+  section = ml_collections.ConfigDict(fields)
+  section.update(overrides)
+  return section
 
 
 def attribute_names(spec: str) -> tuple[str, ...]:
@@ -54,10 +57,22 @@ def checked(values: Mapping[str, Any]) -> dict[str, int]:
   return {name: int(values[name]) for name in ATTRIBUTES if name in values}
 
 
-def run_attributes(config: ml_collections.ConfigDict) -> dict[str, int]:
-  """The run's attribute values: `config.steer` restricted to `steer_attributes`."""
-  names = attribute_names(config.steer_attributes)
-  values = {name: config.steer[name] for name in names}
+def run_attributes(config: ml_collections.ConfigDict,
+                   model: SteerSpec | None = None) -> dict[str, int]:
+  """The run's attribute values: names from `steer_attributes`, else the model's
+  steerable ones, else all nine; each value from `config.steer`, else the
+  model's default, else NeMo's."""
+  if config.steer_attributes:
+    names = attribute_names(config.steer_attributes)
+  elif model is not None and model.attributes:
+    names = model.attributes
+  else:
+    names = ATTRIBUTES
+  model_defaults = model.defaults if model is not None else {}
+  values = {}
+  for name in names:
+    value = config.steer[name]
+    values[name] = value if value is not None else model_defaults.get(name, NEMO_DEFAULTS[name])
   try:
     return checked(values)
   except ValueError as e:

@@ -237,8 +237,9 @@ def save_hf_model(model: nnx.Module, out_dir: str | os.PathLike, dtype: str = "b
                   max_shard_bytes: int = 5 * 2**30, tokenizer: Any = None) -> list[str]:
   """Writes `model` as a HF checkpoint; returns the safetensors file names.
 
-  `tokenizer` is an optional directory whose tokenizer files are copied, or
-  an object with `save_pretrained`. Every process must call this (the
+  `tokenizer` is an optional directory whose tokenizer files are copied (a
+  bare SentencePiece model is saved through its tokenizer class), or an
+  object with `save_pretrained`. Every process must call this (the
   gathers are collective); only process 0 writes.
   """
   cfg = model.cfg
@@ -273,11 +274,21 @@ def save_hf_model(model: nnx.Module, out_dir: str | os.PathLike, dtype: str = "b
       json.dump(content, f, indent=2)
       f.write("\n")
   if tokenizer is not None:
+    if not hasattr(tokenizer, "save_pretrained") and _bare_sentencepiece(os.fspath(tokenizer)):
+      # Saved through its class, the export names it (tokenizer_config.json):
+      # AutoTokenizer would otherwise drop SentencePiece's dummy prefix space.
+      tokenizer = load_tokenizer(tokenizer)
     if hasattr(tokenizer, "save_pretrained"):
       tokenizer.save_pretrained(out_dir)
     else:
       copy_tokenizer_files(tokenizer, out_dir)
   return names
+
+
+def _bare_sentencepiece(path: str) -> bool:
+  """A directory with a SentencePiece model and nothing that names its tokenizer class."""
+  return os.path.isfile(os.path.join(path, "tokenizer.model")) and not any(
+      os.path.isfile(os.path.join(path, n)) for n in ("tokenizer.json", "tokenizer_config.json"))
 
 
 def load_tokenizer(path: str | os.PathLike) -> Any:
@@ -289,9 +300,7 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
       raise FileNotFoundError(
           f"No tokenizer files in {path}: expected one of {TOKENIZER_FILES}."
           " Copy them from the original checkpoint (copy_tokenizer_files).")
-    only_sentencepiece = os.path.isfile(os.path.join(path, "tokenizer.model")) and not any(
-        os.path.isfile(os.path.join(path, n)) for n in ("tokenizer.json", "tokenizer_config.json"))
-    if only_sentencepiece:
+    if _bare_sentencepiece(path):
       # A bare Llama-style SentencePiece model: AutoTokenizer cannot tell its
       # class and would drop SentencePiece's dummy prefix space.
       return transformers.LlamaTokenizer.from_pretrained(path)

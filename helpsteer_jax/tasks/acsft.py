@@ -3,7 +3,8 @@
 Reads HelpSteer / HelpSteer2 rows or NeMo SteerLM conversations (the demo
 data by default), renders them with the SteerLM template (assistant turns
 carry their attribute string), tokenizes with NeMo's loss mask, packs, and
-trains with the shared loop. Ends with a checkpoint and an HF export.
+trains with the shared loop. Ends with a checkpoint and an HF export whose
+chat template steers the attributes the training labels carry.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import ml_collections
 from absl import logging
 
 from helpsteer_jax import runtime
-from helpsteer_jax.data import pipeline
+from helpsteer_jax.data import chat_template, pipeline
 from helpsteer_jax.data.batches import SFT_BATCH, BatchSchema
 from helpsteer_jax.data.features.next_token import sft_features
 from helpsteer_jax.data.features.tokenize import FeatureReport
@@ -48,24 +49,27 @@ def abstract_train_step(config: ml_collections.ConfigDict,
 
 
 def load_data(config: ml_collections.ConfigDict, workdir: pathlib.Path, tokenizer
-              ) -> tuple[list, list, FeatureReport, BadRecordReport]:
-  """(train examples, validation examples, the train report, bad records)."""
+              ) -> tuple[list, list, FeatureReport, BadRecordReport, chat_template.SteerSpec]:
+  """(train examples, validation examples, the train report, bad records, the
+  attributes the training labels carry)."""
   train_src, val_src = common.helpsteer_sources(config, workdir)
   make = functools.partial(sft_features, tokenizer=tokenizer, seq_len=config.train.seq_len,
                            truncation=config.data.truncation, add_bos=config.data.add_bos)
   bad_records = BadRecordReport()
-  train_features, train_report = make(load_conversations(train_src, "train", config, bad_records))
+  train_conversations = load_conversations(train_src, "train", config, bad_records)
+  steer = chat_template.trained_attributes(train_conversations)
+  train_features, train_report = make(train_conversations)
   eval_features = []
   if val_src:
     eval_features, val_report = make(load_conversations(val_src, config.data.validation_split,
                                                         config, bad_records))
     logging.info("validation data: %s", val_report.summary())
-  return train_features, eval_features, train_report, bad_records
+  return train_features, eval_features, train_report, bad_records, steer
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   setup = common.prepare(config, workdir)
-  train_features, eval_features, train_report, bad_records = load_data(
+  train_features, eval_features, train_report, bad_records, steer = load_data(
       config, setup.workdir, setup.tokenizer)
   seq_len = config.train.seq_len
   fill = pipeline.packing_efficiency(train_features, seq_len, config.data.packing)
@@ -77,7 +81,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   trainer = loop.Trainer(
       config, setup.workdir, setup.rt, parts, loss_fn(config), train_features, eval_features,
       flops_per_token=setup.model_cfg.flops_per_token(seq_len),
-      export_fn=common.hf_exporter(setup, parts, config))
+      export_fn=common.hf_exporter(setup, parts, config, steer))
   result = trainer.run()
   trainer.close()
   summary = common.training_summary(result, data={

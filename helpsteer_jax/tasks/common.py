@@ -3,8 +3,9 @@
 `prepare` is the preamble (mesh and rules, a writable workdir, the tokenizer
 and the model config checked against each other). The `*_sources` helpers
 return the configured data, or write the demo data once (process 0) and
-return it. `hf_exporter` is the end-of-training HF export; `write_summary`
-writes a task's JSON summary from process 0.
+return it. `hf_exporter` is the end-of-training HF export (with the SteerLM
+chat template of the run's attributes); `write_summary` writes a task's JSON
+summary from process 0.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 from absl import logging
 
 from helpsteer_jax import runtime
+from helpsteer_jax.data import chat_template
 from helpsteer_jax.data.demo import pairs_2d as demo_pairs_2d
 from helpsteer_jax.data.demo import rows as demo_rows
 from helpsteer_jax.models import hf
@@ -90,14 +92,22 @@ def demo_2d_files(workdir: pathlib.Path, num_train: int, num_validation: int) ->
 
 
 def hf_exporter(setup: TaskSetup, parts: state_lib.ModelParts, config: ml_collections.ConfigDict,
-                what: str = "trained model") -> Callable[[Any], None]:
-  """`export(params)`: the trained parameters as an HF directory in `<workdir>/hf`."""
+                steer: chat_template.SteerSpec, what: str = "trained model"
+                ) -> Callable[[Any], None]:
+  """`export(params)`: the trained parameters as an HF directory in `<workdir>/hf`.
+
+  Its tokenizer carries the SteerLM chat template for `steer` (the attributes
+  the run trained with) and its config.json the `steerlm` section.
+  """
 
   def export(params) -> None:
     out = setup.workdir / "hf"
     hf.save_hf_model(state_lib.merge_model(parts, params), out,
                      dtype=config.train.export_dtype, tokenizer=setup.tokenizer_dir)
-    logging.info("exported the %s to %s", what, out)
+    if jax.process_index() == 0:
+      chat_template.export_files(steer, out, add_bos=config.data.add_bos)
+    logging.info("exported the %s to %s (steerable attributes: %s)", what, out,
+                 ", ".join(steer.attributes) or "none")
 
   return export
 

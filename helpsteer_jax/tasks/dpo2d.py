@@ -5,6 +5,9 @@ tokenizes each pair into a chosen and a rejected row with per-token segment
 ids, gets the reference log-probs (a cached first pass, or on the fly in the
 step), and trains the policy with the shared loop. The policy starts from
 `model.hf_path`, an AC-SFT run (`model.init_checkpoint`) or a fresh preset.
+The HF export's chat template steers `data.response_label`'s attributes (its
+scores the defaults) when the pairs were trained under a label, else those
+of the policy's source export.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import ml_collections
 from absl import logging
 
 from helpsteer_jax import runtime
+from helpsteer_jax.data import chat_template
 from helpsteer_jax.data.batches import CACHED_PAIR_BATCH, PAIR_BATCH, BatchSchema
 from helpsteer_jax.data.features import pair_rows
 from helpsteer_jax.data.formats import helpsteer_2d
@@ -86,6 +90,30 @@ def load_features(path: str, config, cfg: dpo2d.PreferenceLossConfig, tokenizer)
   return features
 
 
+def steer_spec(config: ml_collections.ConfigDict) -> chat_template.SteerSpec:
+  """The export's steerable attributes: the response label's, else the policy source's.
+
+  The source is `model.hf_path` or the AC-SFT run of `model.init_checkpoint`
+  (its `hf/` export); a source without a `steerlm` section (or a fresh
+  preset) means no label.
+  """
+  if config.data.response_label:
+    try:
+      return chat_template.SteerSpec.from_label(config.data.response_label)
+    except ValueError as e:
+      raise ConfigError(f"data.response_label: {e}") from None
+  m = config.model
+  candidates = [pathlib.Path(m.hf_path)] if m.hf_path else []
+  if m.init_checkpoint:
+    run = pathlib.Path(m.init_checkpoint).expanduser()
+    candidates += [run / "hf", run.parent / "hf"]
+  for candidate in candidates:
+    spec = chat_template.read_spec(candidate)
+    if spec is not None:
+      return spec
+  return chat_template.NO_LABELS
+
+
 def _model_source(config) -> str:
   m = config.model
   return json.dumps({"hf_path": m.hf_path, "init_checkpoint": m.init_checkpoint,
@@ -130,6 +158,7 @@ def abstract_train_step(config: ml_collections.ConfigDict,
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   train_src, val_src = data_sources(config, pathlib.Path(workdir))
   cfg = loss_config(config, csv=train_src.endswith(".csv"))
+  steer = steer_spec(config)
   setup = common.prepare(config, workdir)
   rt, workdir = setup.rt, setup.workdir
   train_features = load_features(train_src, config, cfg, setup.tokenizer)
@@ -168,7 +197,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                                     vocab_chunk=vocab_chunk),
       train_features, eval_features,
       flops_per_token=setup.model_cfg.flops_per_token(config.train.seq_len),
-      export_fn=common.hf_exporter(setup, parts, config, "trained policy"), frozen=frozen)
+      export_fn=common.hf_exporter(setup, parts, config, steer, "trained policy"),
+      frozen=frozen)
   result = trainer.run()
   trainer.close()
   summary = common.training_summary(

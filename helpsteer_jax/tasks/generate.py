@@ -2,7 +2,8 @@
 
 Answers prompts from a file, stdin or the held-out demo prompts (or chats in
 the terminal) with a model from an HF directory or a training checkpoint,
-asking for the configured attribute values; optionally best-of-n with an
+asking for the configured attribute values (by default the model's own
+steerable attributes, from its export); optionally best-of-n with an
 attribute model. Writes one jsonl row per prompt: prompt, attributes,
 response (and, for best-of-n, every candidate with its scores and reward).
 
@@ -116,7 +117,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if config.best_of_n.n > 1 and sampling.greedy:
     raise ConfigError(f"best_of_n.n={config.best_of_n.n} needs sampling: set"
                       " --config.sampling.temperature to a value > 0")
-  attributes = steering.run_attributes(config)
+  attributes = steering.run_attributes(config, loading.steer_spec(config))
   if config.mode == "file" and config.input == "-" and jax.process_count() > 1:
     raise ConfigError("--config.input=- (stdin): each process would read its own standard"
                       " input; with several processes give a file every process can read")

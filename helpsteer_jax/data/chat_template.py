@@ -1,0 +1,270 @@
+"""The SteerLM format as a Jinja chat template, and the `steerlm` section of an HF export.
+
+AC-SFT and 2D-DPO exports carry this template in their tokenizer (the
+`chat_template.jinja` file transformers 5 writes, and the `chat_template`
+key of `tokenizer_config.json` that earlier versions read), so that
+`apply_chat_template` and OpenAI-compatible servers (vLLM, SGLang) build
+exactly the prompts of `template.generation_prompt`. Template variables:
+
+  attributes  {"verbosity": 1, ...} or "verbosity:1,...": scores 0..4 of the
+              response to generate, merged over the model's defaults and
+              written in canonical (ATTRIBUTES) order
+  a message's "label" (same two forms, no defaults merged): the label of that
+              turn, as history turns carry theirs in training; a turn without
+              one has no label line. Without `add_generation_prompt`, a final
+              assistant message without its own label takes `attributes`
+              (the response being continued).
+
+The first message may be the system prompt; without one the template uses
+`template.DEFAULT_SYSTEM`. Unknown names, scores outside 0..4, other roles
+and non-text content raise `raise_exception`. The model's steerable
+attributes and their defaults are baked into the template and also stored
+as `config.json`'s `steerlm` section (`SteerSpec`), which
+`from_pretrained` / `save_pretrained` keep (generation_config.json drops
+unknown keys) and `generate` reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+from typing import Iterable, Mapping
+
+from helpsteer_jax.data import template
+from helpsteer_jax.data.records import ATTRIBUTES, MAX_SCORE, MIN_SCORE, Conversation
+from helpsteer_jax.errors import ConfigError
+
+# NeMo-Aligner's SteerLM inference values (quality 4, toxicity 0, humor 0,
+# creativity 0, and 4 for the five HelpSteer attributes).
+NEMO_DEFAULTS = {"quality": 4, "toxicity": 0, "humor": 0, "creativity": 0,
+                 "helpfulness": 4, "correctness": 4, "coherence": 4, "complexity": 4,
+                 "verbosity": 4}
+SECTION = "steerlm"  # the key in an export's config.json
+TEMPLATE_FILE = "chat_template.jinja"
+
+
+@dataclasses.dataclass(frozen=True)
+class SteerSpec:
+  """A model's steerable attributes (canonical order) and their default scores."""
+
+  attributes: tuple[str, ...]
+  defaults: Mapping[str, int]
+
+  def __post_init__(self):
+    names = tuple(self.attributes)
+    if names != tuple(n for n in ATTRIBUTES if n in names):
+      raise ValueError(f"attributes {list(names)} must be distinct names from"
+                       f" {', '.join(ATTRIBUTES)}, in that order")
+    if set(self.defaults) != set(names):
+      raise ValueError(f"defaults {dict(self.defaults)} must give one score for each of"
+                       f" {list(names)}")
+    template.label_string(self.defaults)  # unknown names, scores outside 0..4
+    object.__setattr__(self, "attributes", names)
+    object.__setattr__(self, "defaults", {n: int(self.defaults[n]) for n in names})
+
+  @classmethod
+  def nemo(cls, names: Iterable[str]) -> SteerSpec:
+    """`names` with NeMo's inference defaults."""
+    names = set(names)
+    return cls(tuple(n for n in ATTRIBUTES if n in names),
+               {n: NEMO_DEFAULTS[n] for n in ATTRIBUTES if n in names})
+
+  @classmethod
+  def from_label(cls, label: str) -> SteerSpec:
+    """The attributes of a label string, its scores as the defaults."""
+    scores = template.parse_label_string(label)
+    return cls(tuple(n for n in ATTRIBUTES if n in scores), scores)
+
+  def section(self) -> dict:
+    return {"attributes": list(self.attributes), "defaults": dict(self.defaults)}
+
+
+NO_LABELS = SteerSpec((), {})
+
+
+def trained_attributes(conversations: Iterable[Conversation]) -> SteerSpec:
+  """The attributes the labels of `conversations` carry, with NeMo's defaults."""
+  names: set[str] = set()
+  for conv in conversations:
+    for turn in conv.turns:
+      if turn.label:
+        names.update(template.parse_label_string(turn.label))
+  return SteerSpec.nemo(names)
+
+
+def read_spec(hf_dir: str | os.PathLike) -> SteerSpec | None:
+  """The `steerlm` section of `hf_dir/config.json`, or None when there is none."""
+  path = pathlib.Path(hf_dir).expanduser() / "config.json"
+  if not path.is_file():
+    return None
+  try:
+    section = json.loads(path.read_text()).get(SECTION)
+  except (json.JSONDecodeError, AttributeError) as e:
+    raise ConfigError(f"{path}: not a JSON object ({e})") from None
+  if section is None:
+    return None
+  try:
+    return SteerSpec(tuple(section["attributes"]), section["defaults"])
+  except (TypeError, KeyError, ValueError) as e:
+    raise ConfigError(f"{path}: malformed '{SECTION}' section ({e}); expected"
+                      ' {"attributes": [names], "defaults": {name: 0..4}}') from None
+
+
+def _lit(value) -> str:
+  """A Jinja literal (JSON strings, lists and objects of strings / ints are valid Jinja)."""
+  return json.dumps(value, ensure_ascii=True)
+
+
+_BODY = """\
+{%- macro steer_label(value, base, what) -%}
+  {%- set given = namespace(names=[], scores=[]) -%}
+  {%- if value is none -%}
+  {%- elif value is string -%}
+    {%- if value | trim -%}
+      {%- for part in value.split(",") -%}
+        {%- set pair = part.split(":") -%}
+        {%- if pair | length != 2 or not pair[0] | trim or not pair[1] | trim -%}
+          {{- raise_exception("SteerLM chat template: malformed " ~ what ~ " " ~ value
+              ~ ": expected name:score pairs joined by ',', got '" ~ part ~ "'") -}}
+        {%- endif -%}
+        {%- if pair[1] | trim not in SCORES | map("string") | list -%}
+          {{- raise_exception("SteerLM chat template: score of '" ~ pair[0] | trim ~ "' in "
+              ~ what ~ " is " ~ pair[1] | trim ~ "; use an integer " ~ SCORES | first ~ ".."
+              ~ SCORES | last) -}}
+        {%- endif -%}
+        {%- set given.names = given.names + [pair[0] | trim] -%}
+        {%- set given.scores = given.scores + [pair[1] | trim | int] -%}
+      {%- endfor -%}
+    {%- endif -%}
+  {%- elif value is mapping -%}
+    {%- for name in value -%}
+      {%- set given.names = given.names + [name] -%}
+      {%- set given.scores = given.scores + [value[name]] -%}
+    {%- endfor -%}
+  {%- else -%}
+    {{- raise_exception("SteerLM chat template: " ~ what
+        ~ " must be an object {name: score} or a label string 'name:score,...'") -}}
+  {%- endif -%}
+  {%- for name in given.names -%}
+    {%- set score = given.scores[loop.index0] -%}
+    {%- if name not in NAMES -%}
+      {{- raise_exception("SteerLM chat template: unknown attribute '" ~ name ~ "' in "
+          ~ what ~ "; known: " ~ NAMES | join(", ")) -}}
+    {%- endif -%}
+    {%- if name in given.names[:loop.index0] -%}
+      {{- raise_exception("SteerLM chat template: '" ~ name ~ "' appears twice in " ~ what) -}}
+    {%- endif -%}
+    {%- if not (score is integer and score in SCORES) -%}
+      {{- raise_exception("SteerLM chat template: score of '" ~ name ~ "' in " ~ what ~ " is "
+          ~ score ~ "; use an integer " ~ SCORES | first ~ ".." ~ SCORES | last) -}}
+    {%- endif -%}
+  {%- endfor -%}
+  {%- set out = namespace(parts=[]) -%}
+  {%- for name in NAMES -%}
+    {%- set pick = namespace(score=base[name] if name in base else none) -%}
+    {%- for other in given.names -%}
+      {%- if other == name -%}
+        {%- set pick.score = given.scores[loop.index0] -%}
+      {%- endif -%}
+    {%- endfor -%}
+    {%- if pick.score is not none -%}
+      {%- set out.parts = out.parts + [name ~ ":" ~ pick.score] -%}
+    {%- endif -%}
+  {%- endfor -%}
+  {{- out.parts | join(",") -}}
+{%- endmacro -%}
+{%- if messages and messages[0].role == "system" -%}
+  {%- set system = messages[0].content -%}
+  {%- set turns = messages[1:] -%}
+{%- else -%}
+  {%- set system = DEFAULT_SYSTEM -%}
+  {%- set turns = messages -%}
+{%- endif -%}
+{%- if system is not string -%}
+  {{- raise_exception("SteerLM chat template: the system message's content must be text") -}}
+{%- endif -%}
+{%- set generation = add_generation_prompt is defined and add_generation_prompt -%}
+{%- set steer = steer_label(attributes if attributes is defined else none, DEFAULTS,
+    "attributes") -%}
+BOS
+{{- SYSTEM_START ~ "System" ~ END_OF_NAME ~ system ~ END_OF_TURN -}}
+{%- for message in turns -%}
+  {%- if message.role == "user" -%}
+    {%- set role = "User" -%}
+  {%- elif message.role == "assistant" -%}
+    {%- set role = "Assistant" -%}
+  {%- else -%}
+    {{- raise_exception("SteerLM chat template: message role '" ~ message.role
+        ~ "'; use user and assistant turns after an optional first system message") -}}
+  {%- endif -%}
+  {%- if message.content is not string -%}
+    {{- raise_exception("SteerLM chat template: the content of a " ~ message.role
+        ~ " message must be text") -}}
+  {%- endif -%}
+  {%- set own = message.label if message.label is defined else none -%}
+  {{- TURN_START ~ role ~ END_OF_NAME -}}
+  {%- if own is not none -%}
+    {{- LABEL_START ~ steer_label(own, {}, "the label of a message") ~ END_OF_NAME -}}
+  {%- elif role == "Assistant" and loop.last and not generation and steer -%}
+    {{- LABEL_START ~ steer ~ END_OF_NAME -}}
+  {%- endif -%}
+  {{- message.content ~ END_OF_TURN -}}
+{%- endfor -%}
+{%- if generation -%}
+  {{- TURN_START ~ "Assistant" ~ END_OF_NAME -}}
+  {%- if steer -%}
+    {{- LABEL_START ~ steer ~ END_OF_NAME -}}
+  {%- endif -%}
+{%- elif turns and turns[-1].role == "assistant" -%}
+  {{- TURN_START -}}
+{%- endif -%}
+"""
+
+
+def chat_template(spec: SteerSpec, add_bos: bool = True) -> str:
+  """The Jinja chat template for a model steered by `spec`.
+
+  `add_bos` starts the text with the tokenizer's BOS token (when it has
+  one), as training and `generate` do: servers tokenize a rendered chat
+  without adding special tokens.
+  """
+  constants = {
+      "NAMES": list(ATTRIBUTES), "DEFAULTS": dict(spec.defaults),
+      "SCORES": list(range(MIN_SCORE, MAX_SCORE + 1)), "DEFAULT_SYSTEM": template.DEFAULT_SYSTEM,
+      "SYSTEM_START": template.SYSTEM_START, "TURN_START": template.TURN_START,
+      "LABEL_START": template.LABEL_START, "END_OF_NAME": template.END_OF_NAME,
+      "END_OF_TURN": template.END_OF_TURN}
+  steerable = ", ".join(spec.attributes) or "none (trained without labels)"
+  header = [
+      "{#- SteerLM chat template (NeMo-Aligner's VALUE_TO_TEXT format), written by",
+      "    helpsteer-jax. Steer with chat_template_kwargs: attributes = {\"verbosity\": 1}",
+      "    or \"verbosity:1,...\" (scores 0..4; the others keep their defaults).",
+      f"    Steerable attributes: {steerable}. -#}}"]
+  lines = [f"{{%- set {name} = {_lit(value)} -%}}" for name, value in constants.items()]
+  bos = ("{%- if bos_token is defined and bos_token -%}{{- bos_token -}}{%- endif -%}"
+         if add_bos else "")
+  return "\n".join(header + lines) + "\n" + _BODY.replace("BOS\n", bos + "\n" if bos else "")
+
+
+def export_files(spec: SteerSpec, out_dir: str | os.PathLike, add_bos: bool = True) -> None:
+  """Writes the template into an HF directory's tokenizer files and `spec` into its config.json.
+
+  The template goes to `chat_template.jinja` (transformers >= 4.50 prefer
+  it) and to `tokenizer_config.json`'s `chat_template` when that file exists
+  (older readers); a copied `chat_template.json` of the base model would be
+  stale and is removed.
+  """
+  out = pathlib.Path(out_dir)
+  text = chat_template(spec, add_bos)
+  (out / TEMPLATE_FILE).write_text(text, encoding="utf-8")
+  (out / "chat_template.json").unlink(missing_ok=True)
+  for name, update in (("tokenizer_config.json", {"chat_template": text}),
+                       ("config.json", {SECTION: spec.section()})):
+    path = out / name
+    if path.is_file():
+      content = json.loads(path.read_text(encoding="utf-8"))
+      content.update(update)
+      path.write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
