@@ -90,13 +90,18 @@ def demo_2d_files(workdir: pathlib.Path, num_train: int, num_validation: int) ->
 
 
 def hf_exporter(setup: TaskSetup, parts: state_lib.ModelParts, config: ml_collections.ConfigDict,
-                what: str = "trained model") -> Callable[[Any], None]:
-  """`export(params)`: the trained parameters as an HF directory in `<workdir>/hf`."""
+                what: str = "trained model", save: Callable[..., Any] = hf.save_hf_model
+                ) -> Callable[[Any], None]:
+  """`export(params)`: the trained parameters as an HF directory in `<workdir>/hf`.
+
+  `save(model, out, dtype=, tokenizer=)` writes it (a causal LM by default;
+  `reward_hf.save_reward_hf` for the attribute model).
+  """
 
   def export(params) -> None:
     out = setup.workdir / "hf"
-    hf.save_hf_model(state_lib.merge_model(parts, params), out,
-                     dtype=config.train.export_dtype, tokenizer=setup.tokenizer_dir)
+    save(state_lib.merge_model(parts, params), out, dtype=config.train.export_dtype,
+         tokenizer=setup.tokenizer_dir)
     logging.info("exported the %s to %s", what, out)
 
   return export
