@@ -23,6 +23,7 @@ def get_config(preset: str = ""):
       output_path="",         # "" = <workdir>/annotated.jsonl
       max_rows=0,             # 0 = all
       chunk_rows=512)         # conversations scored and appended (fsync'd) at a time
+  # an attribute_model workdir / Orbax checkpoint, or its HF export (<workdir>/hf)
   config.init = init_config(checkpoint="workdir/attribute_model")
   config.score = score_config()
   config.attributes = ""      # comma-separated subset to write; "" = all nine

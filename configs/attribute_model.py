@@ -10,7 +10,8 @@
 
 `loss` is `regression` (masked MSE on the nine attributes) or one of the
 Bradley-Terry variants `regular_bt`, `margin_bt`, `scaled_bt` on
-HelpSteer2-Preference pairs (reward = the `bt_attribute` slot).
+HelpSteer2-Preference pairs (reward = the `bt_attribute` slot). The trained model is
+also written as an HF *ForSequenceClassification directory, `<workdir>/hf`.
 Presets: the default (tiny model on the built-in demo data), `llama3_70b_helpsteer2`,
 `llama2_13b_helpsteer`, `llama3_1_70b_scaled_bt`.
 """
@@ -53,6 +54,9 @@ def get_config(preset: str = ""):
   config = config_base.base_config("attribute_model")
   config.loss = "regression"      # or regular_bt | margin_bt | scaled_bt
   config.bt_attribute = "helpfulness"  # the head slot Bradley-Terry trains (and reads)
+  # A head bias has no place in transformers' *ForSequenceClassification (the HF export
+  # at the end of training refuses it); True needs --config.train.export_hf=False.
+  config.head_bias = False
   config.data = config_base.data_config()
   config.init = init_config()
   config.score = score_config()

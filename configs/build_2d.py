@@ -35,6 +35,7 @@ def get_config(preset: str = ""):
       factory="attribute_model",  # or "package.module:function" returning a scorer
       checkpoint="",          # passed to a user's factory (e.g. a trained attribute model run)
       batch=512))             # texts per scorer call
+  # an attribute_model workdir / Orbax checkpoint, or its HF export (<workdir>/hf)
   config.init = init_config(checkpoint="workdir/attribute_model")
   config.score = score_config()
   config.segment_score = "in_context"  # or "prefix_difference"

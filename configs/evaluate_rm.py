@@ -25,6 +25,7 @@ def get_config(preset: str = ""):
       preference_split="validation",  # rows of this `split` ("" = all)
       rewardbench_path="",      # RewardBench file (prompt, chosen, rejected, subset)
       rewardbench_split="filtered")
+  # an attribute_model workdir / Orbax checkpoint, or its HF export (<workdir>/hf)
   config.init = init_config(checkpoint="workdir/attribute_model")
   config.score = score_config()
   config.reward_weights = STEERLM_RM_WEIGHTS

@@ -51,6 +51,8 @@ def get_config(preset: str = ""):
   # section of its export), else NeMo's defaults for all nine attributes.
   config.steer = steering.steer_config()
   config.steer_attributes = ""  # "", "all", "helpsteer" or a comma-separated list
+  # scorer: demo_rules | attribute_model (scorer_path = an attribute_model workdir or its
+  # HF export) | package.module:function (called with scorer_path)
   config.best_of_n = ml_collections.ConfigDict(dict(
       n=1, scorer="demo_rules", scorer_path="",
       weights=ml_collections.ConfigDict({name: HELPSTEER2_WEIGHTS.get(name, 0.0)

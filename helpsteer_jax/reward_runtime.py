@@ -1,11 +1,14 @@
 """Building the reward model for the attribute-model, evaluation, annotation and build_2d tasks.
 
-The backbone comes from `model.hf_path` (an HF directory, e.g. an AC-SFT
-export), from `init.checkpoint` (a training task's workdir or its
-`checkpoints` directory: an AC-SFT or attribute-model Orbax checkpoint, of
-which only the parameters are read), or a random initialisation. The head
-comes from the attribute-model checkpoint (`init.head="auto"`), from a head
-file written by a previous run (`init.head=/path/head.npz`), or zeros.
+A whole trained model comes from an HF *ForSequenceClassification directory
+(the attribute model's HF export, as `init.checkpoint` or `model.hf_path`;
+detected by config.json `architectures`) or from an attribute-model Orbax
+checkpoint (`init.checkpoint`: a workdir or its `checkpoints` directory; only
+the parameters are read). Otherwise the backbone comes from `model.hf_path`
+(an HF causal LM, e.g. an AC-SFT export), another task's Orbax checkpoint,
+or a random initialisation, and the head from a head file written by a
+previous run (`init.head=/path/head.npz`) or zeros. `load_reward_model` is
+the same loader for code outside the tasks (a server).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from helpsteer_jax.data.features import rm as rm_data
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference.scoring import RewardModelScorer
-from helpsteer_jax.models import builder
+from helpsteer_jax.models import builder, families, reward_hf
 from helpsteer_jax.models.reward import RewardModel, reward_model
 from helpsteer_jax.train import checkpoint as ckpt_lib
 
@@ -39,37 +42,74 @@ def init_config(**overrides) -> ml_collections.ConfigDict:
 
 
 def save_head(path: str | os.PathLike, head_params: dict) -> None:
-  """Writes the head (`kernel` [hidden, 9], `bias` [9], attribute names)."""
+  """Writes the head (`kernel` [hidden, 9], `bias` [9] if it has one, attribute names)."""
   host = jax.device_get(head_params)
+  arrays = {k: np.asarray(host[k], np.float32) for k in ("kernel", "bias") if k in host}
   tmp = pathlib.Path(f"{path}.tmp.npz")
-  np.savez(tmp, kernel=np.asarray(host["kernel"], np.float32),
-           bias=np.asarray(host["bias"], np.float32), attributes=np.asarray(ATTRIBUTES))
+  np.savez(tmp, attributes=np.asarray(ATTRIBUTES), **arrays)
   tmp.replace(path)
 
 
 def load_head(path: str | os.PathLike, hidden_size: int) -> dict[str, np.ndarray]:
+  """The head of a `save_head` file: `kernel`, and `bias` if it was trained with one."""
   try:
     with np.load(path) as f:
-      head = {"kernel": f["kernel"].astype(np.float32), "bias": f["bias"].astype(np.float32)}
+      head = {k: f[k].astype(np.float32) for k in ("kernel", "bias") if k in f}
       names = tuple(str(a) for a in f["attributes"]) if "attributes" in f else ATTRIBUTES
+    kernel = head["kernel"]
   except (OSError, KeyError, ValueError) as e:
     raise ConfigError(f"init.head={path}: not a head file written by attribute_model"
                       f" ({e})") from None
   want = (hidden_size, len(ATTRIBUTES))
-  if head["kernel"].shape != want or head["bias"].shape != want[1:] or names != ATTRIBUTES:
-    raise ConfigError(f"init.head={path}: kernel {head['kernel'].shape} / attributes {names}"
+  bias_ok = "bias" not in head or head["bias"].shape == want[1:]
+  if kernel.shape != want or not bias_ok or names != ATTRIBUTES:
+    raise ConfigError(f"init.head={path}: kernel {kernel.shape} / attributes {names}"
                       f" do not fit this model (expected kernel {want}, attributes"
                       f" {ATTRIBUTES})")
   return head
 
 
-def _restore_from_checkpoint(config, abstract: dict, shardings: dict) -> dict:
-  """Params from an Orbax checkpoint; the head only if asked for and present."""
+def resolve_source(config: ml_collections.ConfigDict) -> None:
+  """An HF reward-model directory given as `init.checkpoint` becomes `model.hf_path`.
+
+  A *ForSequenceClassification directory (the attribute model's HF export)
+  holds the whole model and its tokenizer, so everything then reads it
+  where it reads HF models. Idempotent; call it before the tokenizer or the
+  model config is resolved.
+  """
+  ckpt, hf_path = config.init.checkpoint, config.model.hf_path
+  if ckpt and reward_hf.is_reward_dir(ckpt):
+    if hf_path and hf_path != ckpt:
+      raise ConfigError(f"init.checkpoint={ckpt} is a whole reward model (HF"
+                        f" sequence classification) but model.hf_path={hf_path} names"
+                        " another model; set only one of them")
+    config.model.hf_path, config.init.checkpoint = ckpt, ""
+  elif hf_path and reward_hf.is_reward_dir(hf_path) and ckpt:
+    raise ConfigError(f"model.hf_path={hf_path} is a whole reward model (HF sequence"
+                      f" classification) but init.checkpoint={ckpt} would replace its"
+                      f" weights: pass it as --config.init.checkpoint={hf_path} alone, or clear"
+                      " --config.init.checkpoint=''")
+
+
+def hf_reward_dir(config: ml_collections.ConfigDict) -> str:
+  """`model.hf_path` if it is an HF reward model (after `resolve_source`), else ''."""
+  path = config.model.hf_path
+  return path if path and reward_hf.is_reward_dir(path) else ""
+
+
+def _saved_reward_params(config) -> tuple[pathlib.Path, int, dict, bool]:
+  """(directory, step, saved params metadata, whether it is a reward model)."""
   directory, step = ckpt_lib.find_checkpoint(config.init.checkpoint)
   saved = ckpt_lib.params_metadata(directory, step)
+  return directory, step, saved, "backbone" in saved and "head" in saved
+
+
+def _restore_from_checkpoint(config, abstract: dict, shardings: dict,
+                             source: tuple[pathlib.Path, int, dict, bool]) -> dict:
+  """Params from an Orbax checkpoint; the head only if asked for and present."""
+  directory, step, saved, is_reward_model = source
   target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                         abstract, shardings)
-  is_reward_model = "backbone" in saved and "head" in saved
   want = {"backbone": target["backbone"]}
   if is_reward_model and config.init.head == "auto":
     want["head"] = target["head"]
@@ -100,30 +140,97 @@ def _check_shapes(saved: dict, target: dict, directory: pathlib.Path) -> None:
           " that wrote the checkpoint")
 
 
+def _head_bias(config: ml_collections.ConfigDict, trained: bool | None, where: str) -> bool:
+  """The head layout: the trained head's (`trained`: has a bias) or `config.head_bias`.
+
+  A task that configures `head_bias` (training) must agree with a trained
+  head it starts from; scoring tasks follow the trained head.
+  """
+  wanted = config.get("head_bias")
+  if trained is None:
+    return bool(wanted)
+  if wanted is not None and bool(wanted) != trained:
+    raise ConfigError(f"the head from {where} was trained {'with' if trained else 'without'} a"
+                      f" bias but head_bias={bool(wanted)}: set --config.head_bias={trained}"
+                      " (or start from a head of the other layout)")
+  return trained
+
+
 def build_reward_model(config: ml_collections.ConfigDict, rt: runtime.Runtime) -> RewardModel:
-  """The sharded reward model, initialised as `config.init` says."""
+  """The sharded reward model, initialised as `config.init` / `model.hf_path` say.
+
+  The sources: an HF *ForSequenceClassification directory (backbone and
+  head), an Orbax checkpoint (an attribute model's: both; any other
+  training task's: the backbone), an HF causal-LM directory (the backbone),
+  or a random backbone; the head, unless the source holds one, from
+  `init.head` (a head file) or zeros.
+  """
+  resolve_source(config)
   cfg = runtime.model_config(config)
   builder.validate_model_on_mesh(cfg, rt.mesh, rt.rules)
-  graphdef, abstract_state = builder.abstract_module(lambda: reward_model(cfg, config.seed))
+  if hf_dir := hf_reward_dir(config):
+    if config.init.head != "auto":
+      raise ConfigError(f"model.hf_path={hf_dir} holds a trained head; leave init.head=auto")
+    reward_hf.reward_config_from_hf(hf_dir)  # the nine attributes as labels
+    _head_bias(config, False, hf_dir)
+    logging.info("reward model (backbone and head) from %s", hf_dir)
+    return nnx.merge(*reward_hf.load_reward_state(hf_dir, cfg, rt.mesh, rt.rules))
+  source, head_file, trained = None, None, None
+  if config.init.checkpoint:
+    source = _saved_reward_params(config)
+    if source[3] and config.init.head == "auto":
+      trained = "bias" in source[2]["head"]
+  if trained is None and config.init.head not in ("auto", "zeros"):
+    head_file = load_head(config.init.head, cfg.hidden_size)
+    trained = "bias" in head_file
+  head_bias = _head_bias(config, trained, config.init.checkpoint or config.init.head)
+  graphdef, abstract_state = builder.abstract_module(
+      lambda: reward_model(cfg, config.seed, head_bias))
   shardings = nnx.to_pure_dict(builder.state_shardings(abstract_state, rt.mesh, rt.rules))
   abstract = nnx.to_pure_dict(abstract_state)
-  if config.init.checkpoint:
-    params = _restore_from_checkpoint(config, abstract, shardings)
+  if source is not None:
+    params = _restore_from_checkpoint(config, abstract, shardings, source)
   else:
     backbone = runtime.build_model(config, rt)
     params = {"backbone": nnx.to_pure_dict(nnx.state(backbone, nnx.Param))}
     params["backbone"].pop("lm_head", None)
     del backbone
   if "head" not in params:
-    head = config.init.head
-    if head not in ("auto", "zeros"):
-      params["head"] = load_head(head, cfg.hidden_size)
-      logging.info("head initialised from %s", head)
+    if head_file is not None:
+      params["head"] = head_file
+      logging.info("head initialised from %s", config.init.head)
     else:
       params["head"] = jax.tree.map(lambda a: np.zeros(a.shape, np.float32), abstract["head"])
   params = jax.device_put(params, shardings)
   nnx.replace_by_pure_dict(abstract_state, params)
   return nnx.merge(graphdef, abstract_state)
+
+
+def load_reward_model(source: str, rt: runtime.Runtime,
+                      model: ml_collections.ConfigDict | None = None) -> RewardModel:
+  """The trained reward model from `source` on `rt`'s mesh: an HF *ForSequenceClassification
+  directory, or an attribute-model workdir / Orbax checkpoint.
+
+  An Orbax checkpoint's shapes are read from it; `model` (a
+  `config_base.model_section`, default the tiny preset) gives the family,
+  the rest of the config and the numerics.
+  """
+  from helpsteer_jax import config_base
+  config = ml_collections.ConfigDict(dict(
+      model=model.copy_and_resolve_references() if model is not None
+      else config_base.model_section("tiny"), init=init_config(checkpoint=source), seed=0))
+  if not reward_hf.is_reward_dir(source):
+    directory, step = ckpt_lib.find_checkpoint(source)
+    shapes, _ = ckpt_lib.param_shapes(directory, step)
+    if not any(path[0] == "head" for path in shapes):
+      raise ConfigError(f"{directory} step {step} is not an attribute-model checkpoint (no"
+                        " reward head); give an attribute_model workdir or its HF export")
+    backbone = {path[1:]: shape for path, shape in shapes.items() if path[0] == "backbone"}
+    inferred = families.for_config(runtime.model_config(config)).shape_fields(backbone)
+    for name, value in inferred.items():
+      if name in config.model and name != "tie_word_embeddings" and config.model[name] is None:
+        config.model[name] = value
+  return build_reward_model(config, rt)
 
 
 def build_scorer(config: ml_collections.ConfigDict, rt: runtime.Runtime,
@@ -135,12 +242,61 @@ def build_scorer(config: ml_collections.ConfigDict, rt: runtime.Runtime,
                                              config.data.truncation, config.data.add_bos)
 
 
+class TextScorer:
+  """The reward model as a collective `attribute_scorer.AttributeScorer`: regression-format
+  texts -> [n, 9]; every process calls it with all texts (batches shard over the mesh).
+
+  Texts are tokenized whole as the featurizers do (`tokenize.tokenize_pieces`:
+  BOS, then the text without special tokens); a text longer than `max_len`
+  keeps BOS and its last tokens (the response end and the readout).
+  """
+
+  collective = True
+
+  def __init__(self, scorer: RewardModelScorer, tokenizer, max_len: int, add_bos: bool = True):
+    self.scorer, self.tokenizer, self.max_len = scorer, tokenizer, max_len
+    bos = getattr(tokenizer, "bos_token_id", None)
+    self.prefix = [bos] if add_bos and bos is not None else []
+
+  def ids(self, text: str) -> np.ndarray:
+    ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+    keep = self.max_len - len(self.prefix)
+    return np.asarray(self.prefix + ids[-keep:], np.int32)
+
+  def __call__(self, texts) -> np.ndarray:
+    return self.scorer.score([self.ids(t) for t in texts])
+
+
+def text_scorer(source: str, rt: runtime.Runtime, model: ml_collections.ConfigDict | None = None,
+                batch_size: int = 8, max_len: int = 4096, key: str = "scorer_path") -> TextScorer:
+  """`load_reward_model(source)` behind a `TextScorer`, with its own tokenizer: the HF
+  directory's, else the attribute-model workdir's `hf/` or `demo_tokenizer/`."""
+  from helpsteer_jax.models import hf
+  if not source:
+    raise ConfigError(f"{key} is empty: give an attribute_model workdir or its HF export"
+                      " directory")
+  path = pathlib.Path(source).expanduser()
+  candidates = [path] if reward_hf.is_reward_dir(path) else [path / "hf", path / "demo_tokenizer"]
+  tok_dir = next((c for c in candidates
+                  if any((c / n).is_file() for n in hf.TOKENIZER_FILES)), None)
+  if tok_dir is None:
+    raise ConfigError(f"{key}={source}: no tokenizer files in {' or '.join(map(str, candidates))}")
+  model_ = load_reward_model(source, rt, model)
+  tokenizer = hf.load_tokenizer(tok_dir)
+  runtime.check_tokenizer_fits(tokenizer, model_.cfg.vocab_size)
+  return TextScorer(RewardModelScorer(model_, rt, batch_size), tokenizer, max_len)
+
+
 def require_trained(config: ml_collections.ConfigDict, what: str) -> None:
-  """ConfigError unless some trained head will be loaded."""
+  """ConfigError unless some trained head will be loaded (after `resolve_source`)."""
+  resolve_source(config)
+  if hf_reward_dir(config):
+    return
   if not config.init.checkpoint and config.init.head in ("auto", "zeros"):
     raise ConfigError(f"{what} needs a trained attribute model: set"
-                      " --config.init.checkpoint=<attribute_model workdir> (or"
-                      " --config.model.hf_path=... with --config.init.head=<head.npz>)")
+                      " --config.init.checkpoint=<attribute_model workdir or its HF export"
+                      " directory> (or --config.model.hf_path=<backbone> with"
+                      " --config.init.head=<head.npz>)")
 
 
 def score_config(**overrides) -> ml_collections.ConfigDict:
@@ -154,7 +310,7 @@ SCORING_PRESETS = ("demo", "llama3_70b", "llama3_1_70b", "llama2_13b")
 
 
 def scoring_preset(config: ml_collections.ConfigDict, preset: str) -> ml_collections.ConfigDict:
-  """Model, mesh and scoring settings of the evaluate_rm / annotate presets.
+  """Model, mesh and scoring settings of the evaluate_rm / annotate (/ export_rm) presets.
 
   The demo uses the attribute-model demo's shape (so the demo workdir loads).
   """
@@ -163,12 +319,14 @@ def scoring_preset(config: ml_collections.ConfigDict, preset: str) -> ml_collect
     config.model = config_base.model_section(
         "tiny", hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
         num_kv_heads=2)
-    config.score.max_len = 256
+    if "score" in config:
+      config.score.max_len = 256
     return config
   if preset in SCORING_PRESETS:
     config.model = config_base.model_section(preset, dtype="bfloat16", param_dtype="float32")
     config.mesh = config_base.mesh_config(data=1, fsdp=-1, tensor=1)
-    config.score.batch_size = 8
+    if "score" in config:
+      config.score.batch_size = 8
     return config
   raise ValueError(f"unknown {config.task} preset {preset!r}; choose one of"
                    f" {', '.join(SCORING_PRESETS)}")

@@ -11,7 +11,7 @@ from helpsteer_jax.models.reward import RewardModel, last_token_index
 
 def _model():
   cfg = presets.get_preset("tiny", attention_block_size=16)
-  model = RewardModel(Decoder(cfg, rngs=nnx.Rngs(0)))
+  model = RewardModel(Decoder(cfg, rngs=nnx.Rngs(0)), head_bias=True)
   rng = np.random.RandomState(0)
   model.head.kernel[...] = jnp.asarray(rng.normal(0, 0.5, model.head.kernel.shape), jnp.float32)
   model.head.bias[...] = jnp.asarray(rng.normal(0, 1, (9,)), jnp.float32)

@@ -12,6 +12,8 @@ any other judge plugs in).
 
 A `MeshScorer` (the project's attribute model in build_2d) is the other
 kind: it runs on every process and shards each batch over the mesh itself.
+A text scorer with `collective = True` (the project's attribute model in
+best-of-n) is likewise called by every process with all texts.
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ from helpsteer_jax.errors import ConfigError
 class AttributeScorer(Protocol):
   def __call__(self, texts: Sequence[str]) -> np.ndarray:
     """Attribute predictions [len(texts), 9] in `ATTRIBUTES` order."""
+
+
+def is_collective(scorer: AttributeScorer) -> bool:
+  """True for a scorer every process calls with all texts (it shards over the mesh)."""
+  return bool(getattr(scorer, "collective", False))
 
 
 class MeshScorer(Protocol):

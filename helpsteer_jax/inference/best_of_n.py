@@ -2,7 +2,9 @@
 
 The scorer is an `attribute_scorer.AttributeScorer` (texts in NeMo's
 regression format -> [n, 9]), named by `config.best_of_n.scorer` and loaded
-with `attribute_scorer.load_scorer` (called with `best_of_n.scorer_path`).
+with `attribute_scorer.load_scorer` (called with `best_of_n.scorer_path`), or
+the project's attribute model (`attribute_model`: an HF sequence-classification
+directory or an attribute-model workdir in `scorer_path`, on the mesh).
 The reward is the weighted sum of the nine predictions; the default weights
 are HelpSteer2's (helpfulness 0.65, correctness 0.8, coherence 0.45,
 complexity 0.55, verbosity -0.4). With several processes, each scores its
@@ -21,7 +23,11 @@ from helpsteer_jax.data import template
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import steering
-from helpsteer_jax.inference.attribute_scorer import AttributeScorer, checked_predictions
+from helpsteer_jax.inference.attribute_scorer import (
+  AttributeScorer,
+  checked_predictions,
+  is_collective,
+)
 from helpsteer_jax.inference.generator import Generator
 from helpsteer_jax.inference.sampling import SamplingConfig
 
@@ -77,8 +83,10 @@ def best_of_n(generator: Generator, requests: Sequence[steering.Request], n: int
   def score(mine: Sequence[str]) -> np.ndarray:
     return checked_predictions(scorer(mine), len(mine), np.float64)
 
-  # Host-side: each process scores its share of the candidates.
-  scores = multihost.split_map(score, texts, len(ATTRIBUTES), np.float64)
+  if is_collective(scorer):  # on the mesh: every process passes every text
+    scores = score(texts)
+  else:  # host-side: each process scores its share of the candidates
+    scores = multihost.split_map(score, texts, len(ATTRIBUTES), np.float64)
   rewards = scores @ weights
   out = []
   for start in range(0, len(texts), n):

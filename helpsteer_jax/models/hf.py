@@ -48,7 +48,8 @@ __all__ = [
     "UnsupportedCheckpointError", "config_from_hf", "config_to_hf",
     "copy_tokenizer_files", "generation_config", "hf_tensor_names",
     "load_hf_model", "load_hf_state", "load_tokenizer", "param_mappings",
-    "read_hf_config", "save_hf_model",
+    "read_hf_config", "read_params", "save_hf_model", "tensor_order", "write_checkpoint",
+    "check_tensors",
 ]
 
 logger = logging.getLogger(__name__)
@@ -73,12 +74,18 @@ def hf_tensor_names(cfg: ModelConfig) -> list[str]:
 
 
 def _hf_order(cfg: ModelConfig) -> list[tuple[str, ParamMapping, int | None]]:
-  maps = param_mappings(cfg)
-  layered = [m for m in maps if m.layered]
-  out = [(m.hf_name, m, None) for m in maps if m.path == ("embed",)]
-  for i in range(cfg.num_layers):
-    out += [(m.hf_name.format(i=i), m, i) for m in layered]
-  out += [(m.hf_name, m, None) for m in maps if not m.layered and m.path != ("embed",)]
+  return tensor_order(param_mappings(cfg), cfg.num_layers)
+
+
+def tensor_order(maps: list[ParamMapping], num_layers: int
+                 ) -> list[tuple[str, ParamMapping, int | None]]:
+  """(HF name, mapping, layer or None) in checkpoint order: embeddings, layer by layer,
+  the rest."""
+  embed = [m for m in maps if m.path[-1] == "embed"]
+  out = [(m.hf_name, m, None) for m in embed]
+  for i in range(num_layers):
+    out += [(m.hf_name.format(i=i), m, i) for m in maps if m.layered]
+  out += [(m.hf_name, m, None) for m in maps if not m.layered and m not in embed]
   return out
 
 
@@ -117,10 +124,10 @@ def _read_sharded(reader: st.CheckpointReader, m: ParamMapping, name: str,
   return jax.make_array_from_callback(m.shape, sharding, block)
 
 
-def _check_tensors(reader: st.CheckpointReader, cfg: ModelConfig) -> None:
-  expected = {}
-  for name, m, _ in _hf_order(cfg):
-    expected[name] = m.hf_shape
+def check_tensors(reader: st.CheckpointReader, order: list[tuple[str, ParamMapping, Any]],
+                  ignored: frozenset[str] = frozenset()) -> None:
+  """CheckpointError unless every tensor of `order` is there with its shape."""
+  expected = {name: m.hf_shape for name, m, _ in order}
   missing = [n for n in expected if n not in reader]
   if missing:
     raise CheckpointError(
@@ -132,11 +139,46 @@ def _check_tensors(reader: st.CheckpointReader, cfg: ModelConfig) -> None:
       raise CheckpointError(
           f"Tensor {name!r} in {reader.file_of(name)} has shape {got}; expected"
           f" {shape} for this config")
-  ignored = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
   extra = sorted(set(reader.names()) - set(expected) - ignored)
   if extra:
     logger.warning("Ignoring %d checkpoint tensors not used by the model: %s",
                    len(extra), extra)
+
+
+def read_params(reader: st.CheckpointReader, maps: list[ParamMapping], num_layers: int,
+                abstract: nnx.State, mesh: Mesh, rules: sharding_lib.Rules) -> nnx.State:
+  """`abstract` (a module's abstract state) filled from `reader` through `maps`.
+
+  Each tensor is read in its parameter's dtype, only the blocks this
+  process's devices hold; stacked layer parameters one layer at a time into
+  a sharded buffer.
+  """
+  shardings = dict(nnx.to_flat_state(builder.state_shardings(abstract, mesh, rules)))
+  leaves = {path: v for path, v in nnx.to_flat_state(abstract)}
+  values: dict[tuple[str, ...], jax.Array] = {}
+  start = reader.bytes_read
+  for m in maps:
+    target = shardings[m.path]
+    target = target.get_value() if isinstance(target, nnx.Variable) else target
+    leaf = leaves[m.path]
+    dtype = np.dtype(leaf.dtype)
+    if not m.layered:
+      values[m.path] = _read_sharded(reader, m, m.hf_name, target, dtype)
+      continue
+    layer_sharding = NamedSharding(mesh, PartitionSpec(*target.spec[1:]))
+    full = _zeros_fn(tuple(leaf.shape), dtype, target)()
+    for i in range(num_layers):
+      layer = _read_sharded(reader, m, m.hf_name.format(i=i), layer_sharding, dtype)
+      full = _insert_fn(target)(full, layer, np.int32(i))
+    values[m.path] = full
+  logger.info("Read %.1f MB of %s on process %d", (reader.bytes_read - start) / 1e6,
+              reader.source, jax.process_index())
+
+  def fill(keypath, var):
+    return var.replace(values[tuple(k.key for k in keypath)])
+
+  return jax.tree_util.tree_map_with_path(
+      fill, abstract, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def load_hf_state(path: str | os.PathLike, cfg: ModelConfig, mesh: Mesh,
@@ -152,34 +194,11 @@ def load_hf_state(path: str | os.PathLike, cfg: ModelConfig, mesh: Mesh,
   """
   if reader is None:
     reader = st.CheckpointReader(path)
-  _check_tensors(reader, cfg)
+  check_tensors(reader, _hf_order(cfg),
+                frozenset({"lm_head.weight"} if cfg.tie_word_embeddings else ()))
   graphdef, abstract = builder.abstract_model(cfg)
-  shardings = dict(nnx.to_flat_state(builder.state_shardings(abstract, mesh, rules)))
-  shapes = {path: tuple(v.shape) for path, v in nnx.to_flat_state(abstract)}
-  dtype = np.dtype(cfg.weight_dtype)
-  values: dict[tuple[str, ...], jax.Array] = {}
-  start = reader.bytes_read
-  for m in param_mappings(cfg):
-    target = shardings[m.path]
-    target = target.get_value() if isinstance(target, nnx.Variable) else target
-    if not m.layered:
-      values[m.path] = _read_sharded(reader, m, m.hf_name, target, dtype)
-      continue
-    layer_sharding = NamedSharding(mesh, PartitionSpec(*target.spec[1:]))
-    full = _zeros_fn(shapes[m.path], dtype, target)()
-    for i in range(cfg.num_layers):
-      layer = _read_sharded(reader, m, m.hf_name.format(i=i), layer_sharding, dtype)
-      full = _insert_fn(target)(full, layer, np.int32(i))
-    values[m.path] = full
-  logger.info("Read %.1f MB of %s on process %d", (reader.bytes_read - start) / 1e6,
-              reader.source, jax.process_index())
-
-  def fill(keypath, var):
-    return var.replace(values[tuple(k.key for k in keypath)])
-
-  state = jax.tree_util.tree_map_with_path(
-      fill, abstract, is_leaf=lambda x: isinstance(x, nnx.Variable))
-  return graphdef, state
+  return graphdef, read_params(reader, param_mappings(cfg), cfg.num_layers, abstract, mesh,
+                               rules)
 
 
 def load_hf_model(path: str | os.PathLike, mesh: Mesh | None = None,
@@ -244,10 +263,19 @@ def save_hf_model(model: nnx.Module, out_dir: str | os.PathLike, dtype: str = "b
   """
   cfg = model.cfg
   hf_config = config_to_hf(cfg, dtype)  # fails early if not representable
+  return write_checkpoint(model, _hf_order(cfg), hf_config, generation_config(cfg), out_dir,
+                          dtype, max_shard_bytes, tokenizer)
+
+
+def write_checkpoint(model: nnx.Module, order: list[tuple[str, ParamMapping, int | None]],
+                     hf_config: dict[str, Any], gen_config: dict[str, Any] | None,
+                     out_dir: str | os.PathLike, dtype: str = "bfloat16",
+                     max_shard_bytes: int = 5 * 2**30, tokenizer: Any = None) -> list[str]:
+  """Writes the tensors of `order` (from `model`'s parameters, in `dtype`) with
+  `config.json`, `generation_config.json` and the tokenizer; see `save_hf_model`."""
   out_dir = os.fspath(out_dir)
   np_dtype = np.dtype(jnp.dtype(dtype))
   params = {path: var.get_value() for path, var in nnx.to_flat_state(nnx.state(model))}
-  order = _hf_order(cfg)
   sources = {name: (m, i) for name, m, i in order}
   plans = [st.TensorPlan(name, m.hf_shape, np_dtype) for name, m, _ in order]
   shards = st.plan_shards(plans, max_shard_bytes)
@@ -268,8 +296,10 @@ def save_hf_model(model: nnx.Module, out_dir: str | os.PathLike, dtype: str = "b
     return names
   if len(shards) > 1:
     st.write_index(out_dir, shards, names)
-  for fname, content in (("config.json", hf_config),
-                         ("generation_config.json", generation_config(cfg))):
+  files = [("config.json", hf_config)]
+  if gen_config is not None:
+    files.append(("generation_config.json", gen_config))
+  for fname, content in files:
     with open(os.path.join(out_dir, fname), "w") as f:
       json.dump(content, f, indent=2)
       f.write("\n")

@@ -90,8 +90,14 @@ def check_activation(raw: Mapping[str, Any], key: str, allowed: tuple[str, ...],
 
 
 def architecture(raw: Mapping[str, Any], default: str) -> str:
-  """The causal-LM class name from `architectures` (the family's if it is another head)."""
+  """The causal-LM class name from `architectures` (the family's if it is another head).
+
+  A *ForSequenceClassification checkpoint (a reward model) has the same
+  backbone under the causal LM's name.
+  """
   arch = (raw.get("architectures") or [default])[0]
+  if arch.endswith("ForSequenceClassification"):
+    return arch.removesuffix("ForSequenceClassification") + "ForCausalLM"
   if not arch.endswith("ForCausalLM"):
     logger.warning("Checkpoint architecture %s is not a causal LM; importing"
                    " the decoder as %s", arch, default)

@@ -1,7 +1,7 @@
 """The regression reward model (SteerLM Attribute Prediction Model).
 
 The decoder backbone (any family) without its LM head, plus a linear head (hidden -> 9,
-with bias, fp32) in NeMo-Aligner's attribute order (`records.ATTRIBUTES`).
+fp32, with or without a bias) in NeMo-Aligner's attribute order (`records.ATTRIBUTES`).
 The head reads the final-norm hidden state of the last real token of a
 sequence: the last token of `<extra_id_2>` in the regression format.
 """
@@ -21,16 +21,24 @@ NUM_ATTRIBUTES = len(ATTRIBUTES)
 
 
 class RewardHead(nnx.Module):
-  """`hidden @ kernel + bias` in fp32; replicated (it is tiny)."""
+  """`hidden @ kernel (+ bias)` in fp32; replicated (it is tiny).
 
-  def __init__(self, hidden_size: int, num_outputs: int = NUM_ATTRIBUTES):
+  Without a bias it is transformers' `score` layer of a *ForSequenceClassification model.
+  """
+
+  def __init__(self, hidden_size: int, num_outputs: int = NUM_ATTRIBUTES, bias: bool = False):
     self.kernel = nnx.Param(jnp.zeros((hidden_size, num_outputs), jnp.float32),
                             **{LOGICAL_AXES: (None, None)})
-    self.bias = nnx.Param(jnp.zeros((num_outputs,), jnp.float32), **{LOGICAL_AXES: (None,)})
+    if bias:
+      self.bias = nnx.Param(jnp.zeros((num_outputs,), jnp.float32), **{LOGICAL_AXES: (None,)})
+
+  @property
+  def has_bias(self) -> bool:
+    return hasattr(self, "bias")
 
   def __call__(self, hidden: jax.Array) -> jax.Array:
-    return (jnp.einsum("...d,dk->...k", hidden.astype(jnp.float32), self.kernel[...])
-            + self.bias[...])
+    out = jnp.einsum("...d,dk->...k", hidden.astype(jnp.float32), self.kernel[...])
+    return out + self.bias[...] if self.has_bias else out
 
 
 def last_token_index(segment_ids: jax.Array) -> jax.Array:
@@ -46,12 +54,13 @@ def last_token_index(segment_ids: jax.Array) -> jax.Array:
 class RewardModel(nnx.Module):
   """Backbone (no LM head) + `RewardHead`."""
 
-  def __init__(self, backbone: nnx.Module, num_outputs: int = NUM_ATTRIBUTES):
+  def __init__(self, backbone: nnx.Module, num_outputs: int = NUM_ATTRIBUTES,
+               head_bias: bool = False):
     if hasattr(backbone, "lm_head"):
       del backbone.lm_head  # a reward model predicts no tokens
     self.cfg: ModelConfig = backbone.cfg
     self.backbone = backbone
-    self.head = RewardHead(backbone.cfg.hidden_size, num_outputs)
+    self.head = RewardHead(backbone.cfg.hidden_size, num_outputs, head_bias)
 
   def __call__(self, tokens: jax.Array, positions: jax.Array | None = None,
                segment_ids: jax.Array | None = None) -> jax.Array:
@@ -72,9 +81,9 @@ class RewardModel(nnx.Module):
     return self.head(picked)
 
 
-def reward_model(cfg: ModelConfig, seed: int = 0) -> RewardModel:
+def reward_model(cfg: ModelConfig, seed: int = 0, head_bias: bool = False) -> RewardModel:
   """A fresh (random backbone, zero head) reward model; used under eval_shape."""
-  return RewardModel(builder.new_model(cfg, seed))
+  return RewardModel(builder.new_model(cfg, seed), head_bias=head_bias)
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:

@@ -12,6 +12,7 @@ TASKS = {
     "acsft": "helpsteer_jax.tasks.acsft",
     "attribute_model": "helpsteer_jax.tasks.attribute_model",
     "evaluate_rm": "helpsteer_jax.tasks.evaluate_rm",
+    "export_rm": "helpsteer_jax.tasks.export_rm",
     "annotate": "helpsteer_jax.tasks.annotate",
     "dpo2d": "helpsteer_jax.tasks.dpo2d",
     "build_2d": "helpsteer_jax.tasks.build_2d",

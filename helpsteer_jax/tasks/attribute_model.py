@@ -5,7 +5,8 @@ conversations; the demo data by default) in NeMo's regression format, masked
 MSE on the nine attribute slots. `loss=regular_bt|margin_bt|scaled_bt`:
 HelpSteer2-Preference pairs (ties dropped), reward = the `bt_attribute`
 slot. Trains with the shared loop, then scores the validation set and
-writes `head.npz`, `summary.json` and the metrics table.
+writes `head.npz`, `summary.json` and the metrics table, and (`train.export_hf`)
+the model as an HF *ForSequenceClassification directory in `<workdir>/hf`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from helpsteer_jax.eval import rm_eval, rm_report
 from helpsteer_jax.inference.scoring import RewardModelScorer
 from helpsteer_jax.losses.bt import BT_VARIANTS, bt_loss
 from helpsteer_jax.losses.regression import regression_loss
-from helpsteer_jax.models import reward
+from helpsteer_jax.models import reward, reward_hf
 from helpsteer_jax.tasks import common
 from helpsteer_jax.train import abstract_step, loop
 from helpsteer_jax.train import state as state_lib
@@ -45,6 +46,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise ConfigError(f"loss={config.loss!r}; choose one of {', '.join(LOSSES)}")
   if config.bt_attribute not in ATTRIBUTES:
     raise ConfigError(f"bt_attribute={config.bt_attribute!r}; choose one of {ATTRIBUTES}")
+  if config.head_bias and config.train.export_hf:
+    raise ConfigError(f"head_bias=True: {reward_hf.BIAS_REFUSED}")
   if config.loss in BT_VARIANTS and config.data.packing:
     raise ConfigError(f"loss={config.loss} puts a preference pair in one row: set"
                       " --config.data.packing=False")
@@ -124,12 +127,14 @@ def abstract_train_step(config: ml_collections.ConfigDict,
   model_cfg = runtime.model_config(config, weights=False)
   schema, dims = batch_schema(config)
   return abstract_step.trainer_step_spec(
-      config, rt, lambda: reward.reward_model(model_cfg, config.seed), loss_fn(config),
+      config, rt, lambda: reward.reward_model(model_cfg, config.seed, config.head_bias),
+      loss_fn(config),
       schema.row_fields(**dims), reward.flops_per_token(model_cfg, config.train.seq_len))
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   check_config(config)
+  reward_runtime.resolve_source(config)
   setup = common.prepare(config, workdir)
   rt, workdir = setup.rt, setup.workdir
   train_features, eval_features, val_records, data_report = load_data(config, workdir,
@@ -139,7 +144,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   del model
   trainer = loop.Trainer(
       config, workdir, rt, parts, loss_fn(config), train_features, eval_features,
-      flops_per_token=reward.flops_per_token(setup.model_cfg, config.train.seq_len))
+      flops_per_token=reward.flops_per_token(setup.model_cfg, config.train.seq_len),
+      export_fn=common.hf_exporter(setup, parts, config, None, "attribute model",
+                                   reward_hf.save_reward_hf))
   result = trainer.run()
   trainer.close()
   params = trainer.state.params

@@ -92,22 +92,24 @@ def demo_2d_files(workdir: pathlib.Path, num_train: int, num_validation: int) ->
 
 
 def hf_exporter(setup: TaskSetup, parts: state_lib.ModelParts, config: ml_collections.ConfigDict,
-                steer: chat_template.SteerSpec, what: str = "trained model"
-                ) -> Callable[[Any], None]:
+                steer: chat_template.SteerSpec | None, what: str = "trained model",
+                save: Callable[..., Any] = hf.save_hf_model) -> Callable[[Any], None]:
   """`export(params)`: the trained parameters as an HF directory in `<workdir>/hf`.
 
-  Its tokenizer carries the SteerLM chat template for `steer` (the attributes
-  the run trained with) and its config.json the `steerlm` section.
+  `save(model, out, dtype=, tokenizer=)` writes it (a causal LM by default;
+  `reward_hf.save_reward_hf` for the attribute model). With `steer` (the
+  attributes the run trained with) its tokenizer carries the SteerLM chat
+  template and its config.json the `steerlm` section.
   """
 
   def export(params) -> None:
     out = setup.workdir / "hf"
-    hf.save_hf_model(state_lib.merge_model(parts, params), out,
-                     dtype=config.train.export_dtype, tokenizer=setup.tokenizer_dir)
-    if jax.process_index() == 0:
+    save(state_lib.merge_model(parts, params), out, dtype=config.train.export_dtype,
+         tokenizer=setup.tokenizer_dir)
+    if steer is not None and jax.process_index() == 0:
       chat_template.export_files(steer, out, add_bos=config.data.add_bos)
     logging.info("exported the %s to %s (steerable attributes: %s)", what, out,
-                 ", ".join(steer.attributes) or "none")
+                 ", ".join(steer.attributes) if steer else "none")
 
   return export
 

@@ -25,7 +25,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from helpsteer_jax import multihost, resume, runtime
+from helpsteer_jax import multihost, resume, reward_runtime, runtime
 from helpsteer_jax.data.demo import rows as demo_rows
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import best_of_n as best_of_n_lib
@@ -39,6 +39,7 @@ from helpsteer_jax.models import hf
 from helpsteer_jax.tasks import common
 
 MODES = ("file", "chat")
+ATTRIBUTE_MODEL = "attribute_model"  # best_of_n.scorer: the project's attribute model
 
 
 def sampling_config(config: ml_collections.ConfigDict) -> SamplingConfig:
@@ -86,15 +87,30 @@ def _answer_batch(generator: Generator, batch: list, config: ml_collections.Conf
                          finish_reason=c.finish_reason) for req, c in zip(batch, completions)]
 
 
+def best_of_n_scorer(config: ml_collections.ConfigDict, rt: runtime.Runtime):
+  """The best-of-n scorer (None for n = 1): the project's attribute model on the mesh
+  (`attribute_model`: `scorer_path` an HF sequence-classification directory or an
+  attribute-model workdir) or `attribute_scorer.load_scorer`'s."""
+  bon = config.best_of_n
+  if bon.n <= 1:
+    return None
+  if bon.scorer == ATTRIBUTE_MODEL:
+    return reward_runtime.text_scorer(bon.scorer_path, rt, batch_size=config.batch_size,
+                                      key="best_of_n.scorer_path")
+  return load_scorer(bon.scorer, bon.scorer_path, key="best_of_n.scorer")
+
+
 def answer_all(generator: Generator, requests: list, config: ml_collections.ConfigDict,
-               sampling: SamplingConfig, out_path: pathlib.Path) -> int:
+               sampling: SamplingConfig, out_path: pathlib.Path, scorer=None) -> int:
   """Appends the answers not yet in `out_path`; returns how many rows were there already.
 
   A batch's seed is `config.seed` + its first row, so a resumed run (which
   redoes the batch it stopped in) samples what an uninterrupted run would.
+  `scorer` is `best_of_n_scorer`'s (host-side scorers are loaded here if None).
   """
   bon = config.best_of_n
-  scorer = load_scorer(bon.scorer, bon.scorer_path, key="best_of_n.scorer") if bon.n > 1 else None
+  if scorer is None and bon.n > 1:
+    scorer = load_scorer(bon.scorer, bon.scorer_path, key="best_of_n.scorer")
   weights = best_of_n_lib.weight_vector(bon.weights.to_dict())
   per_batch = max(1, config.batch_size // bon.n)  # n rows per prompt in one batch
   done = resume.resume_point(out_path, requests, _same_request, "--config.output")
@@ -135,7 +151,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   out_path = pathlib.Path(config.output) if config.output else workdir / "generations.jsonl"
   out_path.parent.mkdir(parents=True, exist_ok=True)
   start = time.perf_counter()
-  done = answer_all(generator, requests, config, sampling, out_path)
+  done = answer_all(generator, requests, config, sampling, out_path,
+                    best_of_n_scorer(config, setup.rt))
   seconds = time.perf_counter() - start
   logging.info("compiled decode variants: %d", generator.sampler.compiled_variants)
   multihost.report_split("generate: rows decoded", generator.sampler.local_rows)

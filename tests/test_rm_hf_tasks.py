@@ -1,0 +1,157 @@
+"""The tasks with the attribute model's HF export: written at the end of training, converted
+from an Orbax checkpoint (export_rm), and read by evaluate_rm (CLI), annotate and
+best-of-n's scorer in place of the Orbax checkpoint. Tiny model, a few steps."""
+
+import json
+import runpy
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from helpsteer_jax import reward_runtime, runtime
+from helpsteer_jax.data.features import rm as rm_data
+from helpsteer_jax.data.formats import helpsteer as readers
+from helpsteer_jax.data.template import regression_text
+from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.inference.scoring import RewardModelScorer
+from helpsteer_jax.models import hf
+from helpsteer_jax.tasks import annotate, attribute_model, evaluate_rm, export_rm
+
+from cli_utils import run_main
+from conftest import REPO_ROOT
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+SHAPE = dict(preset="tiny", hidden_size=64, intermediate_size=176, num_layers=2, num_heads=4,
+             num_kv_heads=2, attention_block_size=32)
+
+
+def config(task, **sections):
+  cfg = runpy.run_path(str(REPO_ROOT / "configs" / f"{task}.py"))["get_config"]()
+  cfg.model.update(SHAPE)
+  if "train" in cfg:
+    cfg.train.update(num_steps=4, global_batch=8, micro_batch=8, seq_len=128, log_every=1,
+                     eval_every=0, save_every=100, export_dtype="float32", loss_chunk_size=64)
+    cfg.optimizer.update(warmup_steps=1)
+  if "score" in cfg:
+    cfg.score.update(batch_size=8, max_len=128)
+  for name, values in sections.items():
+    cfg[name].update(values)
+  return cfg
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """An attribute-model run (regression, bias-free head) with its end-of-training export."""
+  workdir = tmp_path_factory.mktemp("attribute_model")
+  cfg = config("attribute_model")
+  cfg.data.update(demo_train_rows=48, demo_validation_rows=16)
+  summary = attribute_model.run(cfg, str(workdir))
+  assert summary["status"] == "finished"
+  return workdir
+
+
+def _tensors(directory):
+  out = {}
+  for f in sorted(directory.glob("*.safetensors")):
+    out.update(load_file(f))
+  return out
+
+
+def test_training_exports_a_transformers_reward_model(trained, tmp_path):
+  """The end-of-training export loads in transformers' AutoModelForSequenceClassification
+  (reference) with the nine attribute labels and the tokenizer's pad id, and its scores
+  of demo conversations equal the Orbax checkpoint's through our scorer (1e-4, fp32);
+  export_rm converts the Orbax checkpoint to the same tensors bit for bit."""
+  out = trained / "hf"
+  model = transformers.AutoModelForSequenceClassification.from_pretrained(
+      out, dtype=torch.float32).eval()
+  tokenizer = hf.load_tokenizer(out)
+  assert model.config.pad_token_id == tokenizer.pad_token_id
+  assert model.config.num_labels == 9
+
+  cfg = config("evaluate_rm", init={"checkpoint": str(trained)})
+  cfg.tokenizer = str(trained / "demo_tokenizer")
+  rt = runtime.setup(cfg)
+  scorer = RewardModelScorer(reward_runtime.build_reward_model(cfg, rt), rt, 8)
+  tok = rm_data.RegressionTokenizer(tokenizer, 128)
+  convs = readers.read_records(trained / "demo_data", "validation")[:8]
+  ids = [tok.ids(c) for c in convs]
+  ours = scorer.score(ids)
+  width = max(map(len, ids))
+  padded = np.full((len(ids), width), tokenizer.pad_token_id)
+  mask = np.zeros((len(ids), width), np.int64)
+  for i, row in enumerate(ids):
+    padded[i, :len(row)], mask[i, :len(row)] = row, 1
+  with torch.no_grad():
+    theirs = model(input_ids=torch.tensor(padded), attention_mask=torch.tensor(mask)).logits
+  np.testing.assert_allclose(theirs.numpy(), ours, atol=1e-4, rtol=0)
+  assert np.abs(ours).max() > 1e-3
+
+  conv = config("export_rm", init={"checkpoint": str(trained)})
+  conv.tokenizer, conv.dtype = str(trained / "demo_tokenizer"), "float32"
+  export_rm.run(conv, str(tmp_path / "export"))
+  a, b = _tensors(out), _tensors(tmp_path / "export" / "hf")
+  assert set(a) == set(b)
+  for name in a:
+    assert a[name].tobytes() == b[name].tobytes(), name
+
+
+def test_evaluate_rm_cli_and_annotate_read_the_hf_directory(trained, tmp_path):
+  """evaluate_rm from the HF directory (CLI, --config.init.checkpoint=<dir>/hf) reports the
+  metrics of the Orbax checkpoint; annotate from it writes the same labels."""
+  data = {"validation_path": str(trained / "demo_data"), "preference_path": ""}
+  orbax = config("evaluate_rm", init={"checkpoint": str(trained)}, data=data)
+  orbax.tokenizer = str(trained / "demo_tokenizer")
+  want = evaluate_rm.run(orbax, str(tmp_path / "orbax"))
+
+  flags = [f"--config.model.{k}={v}" for k, v in SHAPE.items()]
+  run_main("--config=configs/evaluate_rm.py", f"--workdir={tmp_path / 'from_hf'}",
+           f"--config.init.checkpoint={trained / 'hf'}", *flags,
+           "--config.score.batch_size=8", "--config.score.max_len=128",
+           f"--config.data.validation_path={trained / 'demo_data'}")
+  got = json.loads((tmp_path / "from_hf" / "rm_report.json").read_text())
+  assert set(got["attributes"]) == set(want["attributes"])
+  for name, metrics in want["attributes"].items():
+    for key in ("mse", "mae"):
+      assert got["attributes"][name][key] == pytest.approx(metrics[key], abs=1e-5), (name, key)
+
+  outs = {}
+  for kind, source in (("orbax", str(trained)), ("hf", str(trained / "hf"))):
+    outs[kind] = tmp_path / f"{kind}.jsonl"
+    ann = config("annotate", init={"checkpoint": source},
+                 data={"output_path": str(outs[kind]), "max_rows": 12, "chunk_rows": 8,
+                       "input_path": str(trained / "demo_data")})
+    if kind == "orbax":
+      ann.tokenizer = str(trained / "demo_tokenizer")
+    annotate.run(ann, str(tmp_path / f"annotate_{kind}"))
+  assert outs["hf"].read_text() == outs["orbax"].read_text()
+
+
+def test_best_of_n_scorer_reads_either_source(trained):
+  """best-of-n's attribute-model scorer (`reward_runtime.text_scorer`) gives the same
+  predictions from the HF directory as from the Orbax workdir."""
+  cfg = config("evaluate_rm")
+  rt = runtime.setup(cfg)
+  convs = readers.read_records(trained / "demo_data", "validation")[:4]
+  texts = [regression_text(c) for c in convs]
+  from_hf = reward_runtime.text_scorer(str(trained / "hf"), rt, max_len=128)
+  from_orbax = reward_runtime.text_scorer(str(trained), rt, cfg.model, max_len=128)
+  assert from_hf.collective
+  np.testing.assert_allclose(from_hf(texts), from_orbax(texts), atol=1e-5, rtol=0)
+
+
+def test_head_bias_needs_export_off(trained, tmp_path):
+  """head_bias=True is refused before training while the HF export is on, naming both
+  options; a bias-free checkpoint cannot continue as a biased head (no silent change)."""
+  cfg = config("attribute_model")
+  cfg.head_bias = True
+  with pytest.raises(ConfigError, match="head_bias=False"):
+    attribute_model.check_config(cfg)
+  cfg.train.export_hf = False
+  attribute_model.check_config(cfg)
+  cfg.init.checkpoint = str(trained)
+  with pytest.raises(ConfigError, match="head_bias=False"):
+    reward_runtime.build_reward_model(cfg, runtime.setup(cfg))
