@@ -225,7 +225,8 @@ class Engine:
     self.waiting: collections.deque[Handle] = collections.deque()
     self.cond = threading.Condition()
     self.stopping = False
-    self.stats = {"requests": 0, "chunks": 0, "rebases": 0, "generated_tokens": 0}
+    self.stats = {"requests": 0, "chunks": 0, "rebases": 0, "generated_tokens": 0,
+                  "cancelled": 0}
     self._thread: threading.Thread | None = None
 
   # -- compiled shapes ---------------------------------------------------------
@@ -350,6 +351,7 @@ class Engine:
     for handle, i in zip(newcomers, free):
       req = handle.request
       if handle.cancelled:
+        self.stats["cancelled"] += 1
         continue
       bucket = self._bucket(len(req.prompt_ids))
       if self.end < bucket or self.end + self.chunk_steps > self.slots:
@@ -373,6 +375,8 @@ class Engine:
   def _step(self) -> None:
     for i, row in enumerate(self.rows):
       if row is not None and row.handle.cancelled:
+        self.stats["cancelled"] += 1
+        self.stats["generated_tokens"] += len(row.ids)
         self._free(i)
     if not self.busy_rows:
       return
