@@ -306,6 +306,9 @@ def score_config(**overrides) -> ml_collections.ConfigDict:
   return cfg
 
 
+# The demo attribute model's shape (configs/attribute_model.py's default run).
+DEMO_SHAPE = dict(hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
+                  num_kv_heads=2)
 SCORING_PRESETS = ("demo", "llama3_70b", "llama3_1_70b", "llama2_13b")
 
 
@@ -316,9 +319,7 @@ def scoring_preset(config: ml_collections.ConfigDict, preset: str) -> ml_collect
   """
   from helpsteer_jax import config_base
   if preset in ("", "demo"):
-    config.model = config_base.model_section(
-        "tiny", hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
-        num_kv_heads=2)
+    config.model = config_base.model_section("tiny", **DEMO_SHAPE)
     if "score" in config:
       config.score.max_len = 256
     return config

@@ -5,7 +5,8 @@ An attribute scorer maps texts in NeMo's regression reward-model format
 the label marker where the attribute model reads its scores) to predictions
 [n, 9] in `records.ATTRIBUTES` order. Best-of-n (`best_of_n.scorer`) and
 build_2d (`scorer.factory`) take one by name: a registered scorer
-(`demo_rules`: the demo data's own rules) or `package.module:function`, a
+(`demo_rules`: the demo data's own rules; `http`: a server's attribute
+model, the argument its base URL) or `package.module:function`, a
 function called with one argument (best_of_n's `scorer_path`, build_2d's
 `config.scorer`) that returns a scorer (how a trained attribute model or
 any other judge plugs in).
@@ -68,7 +69,13 @@ class DemoRuleScorer:
     return np.asarray(rows, np.float32).reshape(len(texts), NUM_ATTRIBUTES)
 
 
-SCORERS: dict[str, Callable[[Any], AttributeScorer]] = {"demo_rules": lambda arg: DemoRuleScorer()}
+def _http_scorer(url: Any) -> AttributeScorer:
+  from helpsteer_jax.inference.remote_scorer import HttpScorer
+  return HttpScorer(url)
+
+
+SCORERS: dict[str, Callable[[Any], AttributeScorer]] = {"demo_rules": lambda arg: DemoRuleScorer(),
+                                                        "http": _http_scorer}
 
 
 def load_scorer(spec: str, arg: Any = None, key: str = "scorer") -> AttributeScorer:

@@ -80,3 +80,27 @@ def next_token(logits: jax.Array, key: jax.Array, config: SamplingConfig) -> jax
   if config.greedy:
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)
   return jax.random.categorical(key, filter_logits(logits, config), axis=-1).astype(jnp.int32)
+
+
+def sample_rows(logits: jax.Array, keys: jax.Array, temperature: jax.Array,
+                top_p: jax.Array) -> jax.Array:
+  """Token ids [batch] with per-row settings: temperature [batch] (0 = greedy),
+  top_p [batch] (1 = off) and one PRNG key per row.
+
+  The settings are arrays, not static config, so rows that sample differently
+  share one compiled function. The top-p sort runs only when some row uses
+  it, sampling only when some row samples.
+  """
+  logits = logits.astype(jnp.float32)
+  greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+  def sample() -> jax.Array:
+    scaled = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
+    scaled = jax.lax.cond(
+        jnp.any(top_p < 1.0),
+        lambda: jnp.where(top_p_mask(scaled, top_p[:, None]), scaled, -jnp.inf),
+        lambda: scaled)
+    drawn = jax.vmap(lambda k, row: jax.random.categorical(k, row))(keys, scaled)
+    return jnp.where(temperature > 0, drawn.astype(jnp.int32), greedy)
+
+  return jax.lax.cond(jnp.any(temperature > 0), sample, lambda: greedy)

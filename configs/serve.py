@@ -1,0 +1,75 @@
+"""An OpenAI-compatible server for a SteerLM model (chat, completions, rewards).
+
+  # the default AC-SFT run's model on http://127.0.0.1:8000/v1
+  python -m helpsteer_jax.main --config=configs/serve.py --config.checkpoint=workdir/acsft
+  # an HF directory, sampled by default as OpenAI's API, with the attribute model's rewards
+  python -m helpsteer_jax.main --config=configs/serve.py --config.model.hf_path=workdir/acsft/hf \
+      --config.reward.checkpoint=workdir/attribute_model
+  # a published SteerLM model, tensor-parallel over 8 devices, behind an API key
+  HELPSTEER_API_KEY=secret python -m helpsteer_jax.main --config=configs/serve.py:llama3_70b \
+      --config.model.hf_path=/models/Llama3-70B-SteerLM-Chat
+
+Presets as configs/generate.py: the default (the demo `tiny` model, labels
+with the five HelpSteer attributes), `llama2_70b`, `llama3_70b`, `llama3_8b`,
+`smollm2_135m`.
+"""
+
+import ml_collections
+
+from helpsteer_jax import config_base
+from helpsteer_jax.data.template import DEFAULT_SYSTEM
+from helpsteer_jax.inference import steering
+from helpsteer_jax.inference.best_of_n import HELPSTEER2_WEIGHTS
+from helpsteer_jax.inference.generator import DEFAULT_STOP_STRINGS
+from helpsteer_jax.reward_runtime import DEMO_SHAPE
+
+
+def reward_section() -> ml_collections.ConfigDict:
+  """The attribute model behind /v1/rewards (none unless `checkpoint` or `model.hf_path`)."""
+  # The demo attribute model's shape: the default attribute_model run loads as is.
+  demo = config_base.model_section("tiny", **DEMO_SHAPE)
+  return ml_collections.ConfigDict(dict(
+      checkpoint="",       # an attribute_model workdir (backbone + head)
+      head="auto",         # with model.hf_path: a head.npz written by attribute_model
+      model=demo, tokenizer="", batch_size=8, pad_multiple=64, max_len=4096,
+      truncation="truncate_left", add_bos=True,
+      weights=ml_collections.ConfigDict({name: HELPSTEER2_WEIGHTS.get(name, 0.0)
+                                         for name in steering.NEMO_DEFAULTS})))
+
+
+def get_config(preset: str = ""):
+  config = config_base.base_config("serve")
+  config.checkpoint = ""       # a training workdir or its checkpoints/ (Orbax)
+  config.checkpoint_step = -1  # -1 = the latest
+  config.system = DEFAULT_SYSTEM  # when a chat request has no system message
+  config.add_bos = True
+  config.stop_strings = tuple(DEFAULT_STOP_STRINGS)
+  # Request defaults (OpenAI's: temperature 1, top_p 1); temperature 0 is greedy.
+  config.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_p=1.0))
+  config.steer = steering.steer_config()
+  config.steer_attributes = ""  # "": the model export's (else all nine); or a list
+  config.mesh = config_base.mesh_config(data=1, fsdp=1, tensor=-1)
+  config.serve = ml_collections.ConfigDict(dict(
+      host="127.0.0.1", port=8000,
+      model_name="",         # "" = the model directory's name
+      api_key="",            # "" = $HELPSTEER_API_KEY; both empty = no key
+      max_batch=16,          # rows decoded together
+      max_length=0,          # tokens per row (prompt + completion); 0 = max_position_embeddings
+      chunk_steps=8,         # decode steps between scheduling rounds
+      max_tokens=1024,       # the largest max_tokens a request may ask for
+      max_n=8,
+      warmup=True,           # compile every shape before listening
+      drain_seconds=60))     # SIGTERM: how long in-flight requests may take to finish
+  config.reward = reward_section()
+  if preset in ("", "demo"):
+    config.model = config_base.model_section("tiny")
+    config.steer_attributes = "helpsteer"
+    config.serve.max_length = 1024
+    return config
+  if preset in ("llama2_70b", "llama3_70b", "llama3_8b", "smollm2_135m"):
+    config.model = config_base.model_section(preset, dtype="bfloat16", param_dtype="bfloat16")
+    config.serve.max_length = 4096
+    config.require_hf_path = preset != "smollm2_135m"
+    return config
+  raise ValueError(f"unknown serve preset {preset!r}; choose demo, llama2_70b, llama3_70b,"
+                   " llama3_8b or smollm2_135m")

@@ -1,0 +1,213 @@
+"""The HTTP API's request bodies and response shapes (OpenAI's, plus steering and rewards).
+
+Requests are pydantic models that refuse unknown fields, so a parameter the
+server does not implement is a 400 naming it rather than silently ignored.
+Responses are plain dicts in the shapes of OpenAI's chat completion, chat
+completion chunk, completion and error objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from typing import Any, Literal
+
+import pydantic
+
+from helpsteer_jax.data import template
+from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
+from helpsteer_jax.inference import steering
+
+MAX_STOP_STRINGS = 4  # as OpenAI's API
+
+
+class ApiError(Exception):
+  """An error answered as OpenAI's error object with an HTTP status."""
+
+  def __init__(self, message: str, status: int = 400, param: str | None = None,
+               code: str | None = None, kind: str = "invalid_request_error"):
+    super().__init__(message)
+    self.message, self.status, self.param, self.code, self.kind = (
+        message, status, param, code, kind)
+
+  def body(self) -> dict:
+    return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                      "code": self.code}}
+
+
+class _Strict(pydantic.BaseModel):
+  model_config = pydantic.ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
+  include_usage: bool = False
+
+
+class TextPart(_Strict):
+  type: Literal["text"]
+  text: str
+
+
+class Message(_Strict):
+  role: Literal["system", "developer", "user", "assistant"]
+  content: str | list[TextPart]
+  name: str | None = None
+
+  def text(self) -> str:
+    return self.content if isinstance(self.content, str) else "".join(
+        p.text for p in self.content)
+
+
+class _Sampling(_Strict):
+  model: str
+  max_tokens: int | None = pydantic.Field(None, ge=1)
+  temperature: float | None = pydantic.Field(None, ge=0.0, le=2.0)
+  top_p: float | None = pydantic.Field(None, gt=0.0, le=1.0)
+  n: int = pydantic.Field(1, ge=1)
+  stop: str | list[str] | None = None
+  seed: int | None = None
+  stream: bool = False
+  stream_options: StreamOptions | None = None
+  user: str | None = None
+
+  def stop_strings(self) -> tuple[str, ...]:
+    stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+    if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
+      raise ApiError(f"stop: give up to {MAX_STOP_STRINGS} non-empty strings", param="stop")
+    return tuple(stops)
+
+
+class ChatRequest(_Sampling):
+  messages: list[Message] = pydantic.Field(min_length=1)
+  max_completion_tokens: int | None = pydantic.Field(None, ge=1)
+  attributes: dict[str, Any] | str | None = None
+
+
+class CompletionRequest(_Sampling):
+  prompt: str = pydantic.Field(min_length=1)
+
+
+class RewardItem(_Strict):
+  messages: list[Message] = pydantic.Field(min_length=1)
+  response: str
+
+
+class RewardRequest(_Strict):
+  model: str | None = None
+  items: list[RewardItem] | None = None
+  texts: list[str] | None = None  # attribute-model input texts (the remote scorer's form)
+  weights: dict[str, float] | None = None
+
+
+def validation_error(error: pydantic.ValidationError) -> ApiError:
+  """The first problem of a request body as a 400."""
+  first = error.errors()[0]
+  where = ".".join(str(p) for p in first["loc"])
+  if first["type"] == "extra_forbidden":
+    return ApiError(f"unrecognized request argument supplied: {where}", param=where)
+  return ApiError(f"{where}: {first['msg']}" if where else first["msg"], param=where or None)
+
+
+def attributes(given: dict[str, Any] | str | None, defaults: dict[str, int]) -> dict[str, int]:
+  """The request's `attributes` (an object or a label string) over the model's defaults."""
+  try:
+    if isinstance(given, str):
+      given = template.parse_label_string(given)
+    return steering.checked({**defaults, **(given or {})})
+  except ValueError as e:
+    raise ApiError(f"attributes: {e}", param="attributes") from None
+
+
+def conversation(messages: list[Message], label: str | None = None,
+                 system: str = template.DEFAULT_SYSTEM) -> Conversation:
+  """SteerLM conversation of chat messages: a leading system message becomes its system.
+
+  Earlier assistant turns carry `label` (the attributes of this request),
+  as every assistant turn does in AC-SFT data. The last message must be the
+  user's.
+  """
+  if messages[0].role in ("system", "developer"):
+    system, messages = messages[0].text(), messages[1:]
+  turns = []
+  for i, m in enumerate(messages):
+    if m.role in ("system", "developer"):
+      raise ApiError("messages: a system message may only come first", param="messages")
+    role = "User" if m.role == "user" else "Assistant"
+    turns.append(Turn(role, m.text(), label if role == "Assistant" else None))
+  if not turns or turns[-1].role != "User":
+    raise ApiError("messages: the last message must be the user's", param="messages")
+  return Conversation(system, tuple(turns), mask_role="User")
+
+
+def scored_conversation(messages: list[Message], response: str) -> Conversation:
+  """The conversation `messages` answered by `response` (what the attribute model scores)."""
+  conv = conversation(messages)
+  return dataclasses.replace(conv, turns=conv.turns + (Turn("Assistant", response),))
+
+
+def _ids(prefix: str) -> tuple[str, int]:
+  return f"{prefix}-{uuid.uuid4().hex}", int(time.time())
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+  return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+          "total_tokens": prompt_tokens + completion_tokens}
+
+
+def chat_response(model: str, texts: list[tuple[str, str]], prompt_tokens: int,
+                  completion_tokens: int) -> dict:
+  """`chat.completion`: one choice per (text, finish_reason)."""
+  rid, created = _ids("chatcmpl")
+  return {"id": rid, "object": "chat.completion", "created": created, "model": model,
+          "choices": [{"index": i, "message": {"role": "assistant", "content": text},
+                       "logprobs": None, "finish_reason": finish}
+                      for i, (text, finish) in enumerate(texts)],
+          "usage": usage(prompt_tokens, completion_tokens)}
+
+
+def completion_response(model: str, texts: list[tuple[str, str]], prompt_tokens: int,
+                        completion_tokens: int) -> dict:
+  """`text_completion`: one choice per (text, finish_reason)."""
+  rid, created = _ids("cmpl")
+  return {"id": rid, "object": "text_completion", "created": created, "model": model,
+          "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": finish}
+                      for i, (text, finish) in enumerate(texts)],
+          "usage": usage(prompt_tokens, completion_tokens)}
+
+
+class ChunkWriter:
+  """Server-sent events of one streamed response (OpenAI's chunk objects)."""
+
+  def __init__(self, model: str, chat: bool):
+    self.id, self.created = _ids("chatcmpl" if chat else "cmpl")
+    self.model, self.chat = model, chat
+
+  def chunk(self, index: int | None, text: str | None, finish: str | None = None,
+            role: bool = False, usage_: dict | None = None) -> dict:
+    out = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+           "created": self.created, "model": self.model, "choices": []}
+    if index is not None:
+      if self.chat:
+        delta = {} if text is None else {"content": text}
+        if role:
+          delta = {"role": "assistant", **delta}
+        out["choices"] = [{"index": index, "delta": delta, "logprobs": None,
+                           "finish_reason": finish}]
+      else:
+        out["choices"] = [{"index": index, "text": text or "", "logprobs": None,
+                           "finish_reason": finish}]
+    if usage_ is not None:
+      out["usage"] = usage_
+    return out
+
+
+def reward_rows(predictions, rewards) -> list[dict]:
+  """One `{index, attributes, reward}` per scored item (None: too long to score)."""
+  out = []
+  for i, (pred, reward) in enumerate(zip(predictions, rewards)):
+    scored = pred is not None
+    out.append({"index": i, "object": "reward",
+                "attributes": dict(zip(ATTRIBUTES, map(float, pred))) if scored else None,
+                "reward": float(reward) if scored else None})
+  return out

@@ -1,0 +1,349 @@
+"""The OpenAI-compatible server, run as `python -m helpsteer_jax.main` on loopback.
+
+References: the official `openai` client (request and response shapes,
+errors as its exception types), raw HTTP through httpx for what the client
+hides (the SSE stream's `data: [DONE]`, malformed JSON), configs/generate.py's
+output for greedy text, data/template.py for the rendered prompt, and the
+annotate path (reward_runtime.build_scorer + rm_eval) for rewards. One server
+(tiny random model, demo tokenizer, one device) serves every test; the last
+one stops it with SIGTERM.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from helpsteer_jax import reward_runtime
+from helpsteer_jax.data import template
+from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
+from helpsteer_jax.data.features import tokenize
+from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
+from helpsteer_jax.eval import rm_eval
+from helpsteer_jax.inference import attribute_scorer, best_of_n, steering
+from helpsteer_jax.models import builder, hf, presets
+from helpsteer_jax.tasks import common
+
+from cli_utils import run_main
+from conftest import REPO_ROOT
+from multiprocess import free_port
+
+KEY = "test-key"
+MAX_LENGTH = 512
+QUESTION = "What is 2 plus 3?"
+
+
+def _write_models(root):
+  tok_dir = demo_tokenizer.build_demo_tokenizer(root / "tok")
+  policy = builder.create(presets.get_preset("tiny", initializer_range=0.1), seed=0)
+  hf.save_hf_model(policy, root / "policy", dtype="float32", tokenizer=str(tok_dir))
+  # The attribute model: a demo-shaped backbone and a random head file.
+  cfg = presets.get_preset("tiny", **reward_runtime.DEMO_SHAPE)
+  hf.save_hf_model(builder.create(cfg, seed=1), root / "rm", dtype="float32",
+                   tokenizer=str(tok_dir))
+  rng = np.random.default_rng(0)
+  reward_runtime.save_head(root / "head.npz", {
+      "kernel": rng.normal(size=(cfg.hidden_size, len(ATTRIBUTES))).astype(np.float32),
+      "bias": rng.normal(size=len(ATTRIBUTES)).astype(np.float32)})
+
+
+class Server:
+  def __init__(self, root):
+    self.port = free_port()
+    self.base = f"http://127.0.0.1:{self.port}"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", HELPSTEER_API_KEY=KEY,
+               XLA_FLAGS="--xla_force_host_platform_device_count=1"
+                         " --xla_backend_optimization_level=0")
+    self.log = open(root / "server.log", "w")
+    self.proc = subprocess.Popen(
+        [sys.executable, "-m", "helpsteer_jax.main", "--config=configs/serve.py",
+         f"--config.model.hf_path={root / 'policy'}", "--config.serve.model_name=tiny",
+         f"--config.serve.port={self.port}", f"--config.serve.max_length={MAX_LENGTH}",
+         "--config.serve.max_batch=4", "--config.serve.max_tokens=500",
+         "--config.serve.max_n=3", f"--config.reward.model.hf_path={root / 'rm'}",
+         f"--config.reward.head={root / 'head.npz'}", "--config.reward.pad_multiple=16",
+         f"--workdir={root / 'workdir'}"],
+        cwd=REPO_ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, text=True)
+    self.root = root
+    deadline = time.time() + 600
+    while True:
+      assert self.proc.poll() is None, self.output()
+      try:
+        self.stats()
+        break
+      except httpx.TransportError:
+        assert time.time() < deadline, self.output()
+        time.sleep(1)
+    self.warm_compiles = self.stats()["compiles"]
+
+  def output(self) -> str:
+    return (self.root / "server.log").read_text()[-4000:]
+
+  def stats(self) -> dict:
+    return httpx.get(f"{self.base}/stats", timeout=10).json()
+
+  def client(self, key: str = KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{self.base}/v1", api_key=key, max_retries=0, timeout=300)
+
+  def post(self, path: str, body, key: str = KEY, **kw) -> httpx.Response:
+    content = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(f"{self.base}/v1/{path}", content=content, timeout=300,
+                      headers={"Authorization": f"Bearer {key}",
+                               "Content-Type": "application/json"}, **kw)
+
+  def stop(self) -> None:
+    if self.proc.poll() is None:
+      self.proc.kill()
+      self.proc.wait()
+    self.log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+  root = tmp_path_factory.mktemp("serve")
+  _write_models(root)
+  s = Server(root)
+  yield s
+  s.stop()
+
+
+def _chat(client, content=QUESTION, **kw):
+  return client.chat.completions.create(
+      model="tiny", messages=[{"role": "user", "content": content}], **kw)
+
+
+def test_models_chat_and_steering(server):
+  client = server.client()
+  assert [m.id for m in client.models.list().data] == ["tiny"]
+  tokenizer = hf.load_tokenizer(str(server.root / "policy"))
+
+  def prompt_tokens(conv, attributes):
+    text = template.generation_prompt(conv, {**steering.run_attributes(_serve_config()),
+                                             **attributes})
+    return len(tokenize.tokenize_pieces([template.Piece(text, False)], tokenizer).ids)
+
+  as_dict = _chat(client, max_tokens=12, temperature=0, extra_body={"attributes": {
+      "verbosity": 1, "humor": 3}})
+  as_label = _chat(client, max_tokens=12, temperature=0,
+                   extra_body={"attributes": "verbosity:1,humor:3"})
+  assert as_dict.object == "chat.completion" and as_dict.model == "tiny"
+  assert as_dict.choices[0].message.role == "assistant"
+  assert as_dict.choices[0].message.content == as_label.choices[0].message.content
+  assert as_dict.choices[0].finish_reason in ("stop", "length")
+  conv = Conversation(template.DEFAULT_SYSTEM, (Turn("User", QUESTION),), mask_role="User")
+  usage = as_dict.usage
+  assert usage.prompt_tokens == prompt_tokens(conv, {"verbosity": 1, "humor": 3})
+  assert usage.completion_tokens <= 12
+  assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+  # A system message replaces the default system; earlier assistant turns carry
+  # this request's label, as AC-SFT data does.
+  messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+              {"role": "assistant", "content": "hello"}, {"role": "user", "content": QUESTION}]
+  multi = client.chat.completions.create(model="tiny", messages=messages, max_tokens=4,
+                                         temperature=0, extra_body={"attributes": {
+                                             "verbosity": 0}})
+  label = template.label_string({**steering.run_attributes(_serve_config()), "verbosity": 0})
+  conv = Conversation("Be brief.", (Turn("User", "hi"), Turn("Assistant", "hello", label),
+                                    Turn("User", QUESTION)), mask_role="User")
+  assert multi.usage.prompt_tokens == prompt_tokens(conv, {"verbosity": 0})
+
+
+def _serve_config():
+  import runpy
+  return runpy.run_path(str(REPO_ROOT / "configs" / "serve.py"))["get_config"]()
+
+
+def test_greedy_chat_equals_the_generate_task(server, tmp_path):
+  requests = [("What is 2 plus 3?", {"verbosity": 1}), ("Name a colour", {"humor": 2}),
+              ("Tell me about castles", {})]
+  (tmp_path / "in.jsonl").write_text("".join(
+      json.dumps({"prompt": p, "attributes": a}) + "\n" for p, a in requests))
+  run_main("--config=configs/generate.py", f"--config.model.hf_path={server.root / 'policy'}",
+           f"--config.input={tmp_path / 'in.jsonl'}", "--config.max_new_tokens=24",
+           f"--config.max_length={MAX_LENGTH}", f"--workdir={tmp_path}", devices=1)
+  rows = [json.loads(line) for line in (tmp_path / "generations.jsonl").read_text().splitlines()]
+  client = server.client()
+  results = [None] * len(requests)
+
+  def ask(i):  # concurrently: the rows share decode steps
+    prompt, attributes = requests[i]
+    results[i] = _chat(client, prompt, max_tokens=24, temperature=0,
+                       extra_body={"attributes": attributes})
+
+  threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(requests))]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  for row, result in zip(rows, results):
+    assert result.choices[0].message.content == row["response"]
+    assert result.choices[0].finish_reason == row["finish_reason"]
+
+
+def test_completions_n_seed_and_streaming(server):
+  client = server.client()
+  kw = dict(model="tiny", prompt="Once upon a time", max_tokens=16, temperature=1.0, seed=5)
+  first = client.completions.create(n=3, **kw)
+  again = client.completions.create(n=3, **kw)
+  assert first.object == "text_completion" and len(first.choices) == 3
+  assert [c.index for c in first.choices] == [0, 1, 2]
+  assert [c.text for c in first.choices] == [c.text for c in again.choices]
+  assert len({c.text for c in first.choices}) > 1  # each choice its own seed
+  assert 3 <= first.usage.completion_tokens <= 48
+  # The stream's pieces join to the same texts; usage comes last, then [DONE].
+  stream = client.completions.create(n=3, stream=True, stream_options={"include_usage": True},
+                                     **kw)
+  texts, finishes, usage = ["", "", ""], [None] * 3, None
+  for chunk in stream:
+    for c in chunk.choices:
+      texts[c.index] += c.text
+      finishes[c.index] = c.finish_reason or finishes[c.index]
+    usage = chunk.usage or usage
+  assert texts == [c.text for c in first.choices]
+  assert finishes == [c.finish_reason for c in first.choices]
+  assert usage.completion_tokens == first.usage.completion_tokens
+  chat_kw = dict(max_tokens=20, temperature=0.7, seed=1)
+  whole = _chat(client, **chat_kw).choices[0].message.content
+  pieces = [c.choices[0].delta.content or "" for c in _chat(client, stream=True, **chat_kw)]
+  assert "".join(pieces) == whole
+  raw = server.post("chat/completions", {"model": "tiny", "stream": True, "max_tokens": 3,
+                                         "messages": [{"role": "user", "content": "hi"}]})
+  events = [e for e in raw.text.split("\n\n") if e]
+  assert raw.headers["content-type"].startswith("text/event-stream")
+  assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+  assert json.loads(events[0][6:])["choices"][0]["delta"]["role"] == "assistant"
+
+
+@pytest.mark.parametrize("body,param,needle", [
+    ({"attributes": {"wit": 1}}, "attributes", "unknown attribute"),
+    ({"attributes": {"verbosity": 5}}, "attributes", "outside 0..4"),
+    ({"attributes": "verbosity=1"}, "attributes", "malformed label"),
+    ({"model": "gpt-4"}, "model", "does not exist"),
+    ({"n": 4}, "n", "limit 3"),
+    ({"max_tokens": 501}, "max_tokens", "limit 500"),
+    ({"max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
+    ({"temperature": 3}, "temperature", "less than or equal to 2"),
+    ({"messages": [{"role": "user", "content": "word " * 600}]}, "messages",
+     "context length is 512"),
+    ({"max_tokens": 480}, "max_tokens", "context length 512"),
+    ({"messages": [{"role": "assistant", "content": "hi"}]}, "messages", "the user's"),
+    ({"messages": []}, "messages", "at least 1"),
+    ({"logit_bias": {"1": 2}}, "logit_bias", "unrecognized request argument"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "up to 4"),
+])
+def test_bad_requests_get_400_and_the_server_keeps_serving(server, body, param, needle):
+  with pytest.raises(openai.BadRequestError) as err:
+    _chat(server.client(), extra_body=body)  # the body's fields replace the valid ones
+  assert err.value.status_code == 400
+  assert needle in err.value.body["message"] and err.value.body["param"] == param
+  assert err.value.body["type"] == "invalid_request_error"
+  assert _chat(server.client(), max_tokens=2).choices[0].finish_reason in ("stop", "length")
+
+
+def test_malformed_json_and_api_key(server):
+  for raw in (b"{not json", b"[1, 2]", b"\xff\xfe"):
+    response = server.post("chat/completions", raw)
+    assert response.status_code == 400 and "error" in response.json()
+  with pytest.raises(openai.AuthenticationError) as err:
+    _chat(server.client(key="wrong"), max_tokens=2)
+  assert err.value.status_code == 401 and err.value.body["code"] == "invalid_api_key"
+  assert httpx.get(f"{server.base}/v1/models").status_code == 401
+  assert _chat(server.client(), max_tokens=2).usage.completion_tokens >= 1
+
+
+def test_a_client_that_disconnects_frees_its_row(server):
+  before = server.stats()["cancelled"]
+  stream = _chat(server.client(), max_tokens=440, temperature=0, stream=True)
+  next(iter(stream))
+  stream.close()
+  deadline = time.time() + 60
+  while not (server.stats()["cancelled"] == before + 1 and server.stats()["busy_rows"] == 0):
+    assert time.time() < deadline, server.stats()
+    time.sleep(0.2)
+
+
+def test_no_compilation_after_warm_up(server):
+  client = server.client()
+  _chat(client, "a much longer prompt " * 3, max_tokens=30, temperature=0.9, top_p=0.8, n=2)
+  client.completions.create(model="tiny", prompt="x", max_tokens=5, temperature=0)
+  stats = server.stats()
+  assert stats["compiles"] == server.warm_compiles, stats
+  assert stats["requests"] > 0
+
+
+def test_rewards_match_annotate_scoring_and_the_http_scorer(server):
+  items = [([{"role": "user", "content": QUESTION}], "It is 5."),
+           ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+             {"role": "assistant", "content": "hello"}, {"role": "user", "content": "bye"}],
+            "Goodbye!")]
+  response = server.post("rewards", {"items": [{"messages": m, "response": r}
+                                               for m, r in items]})
+  assert response.status_code == 200, response.text
+  data = response.json()["data"]
+  got = np.asarray([[row["attributes"][n] for n in ATTRIBUTES] for row in data])
+  # The annotate path in this process, on the same attribute model.
+  import runpy
+  config = runpy.run_path(str(REPO_ROOT / "configs" / "annotate.py"))["get_config"]()
+  config.unlock()
+  config.model.hf_path, config.init.checkpoint = str(server.root / "rm"), ""
+  config.init.head = str(server.root / "head.npz")
+  for name in reward_runtime.DEMO_SHAPE:
+    config.model[name] = None
+  config.score.pad_multiple = 16
+  setup = common.prepare(config, server.root / "ref", tokenizer=False, model=False)
+  scorer, tok = reward_runtime.build_scorer(config, setup.rt,
+                                            hf.load_tokenizer(str(server.root / "rm")))
+  from helpsteer_jax.serve import protocol
+  convs = [protocol.scored_conversation([protocol.Message(**x) for x in m], r)
+           for m, r in items]
+  want, kept = rm_eval.score_conversations(scorer, tok, convs)
+  assert list(kept) == [0, 1]
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+  weights = best_of_n.weight_vector(best_of_n.HELPSTEER2_WEIGHTS)
+  np.testing.assert_allclose([row["reward"] for row in data], want @ weights, rtol=1e-4,
+                             atol=1e-4)
+  custom = server.post("rewards", {"items": [{"messages": items[0][0], "response": "x"}],
+                                   "weights": {"verbosity": 1.0}}).json()["data"][0]
+  assert custom["reward"] == pytest.approx(custom["attributes"]["verbosity"], abs=1e-6)
+  # The http scorer (best-of-n's remote scorer) sends the attribute model's input texts.
+  os.environ["HELPSTEER_API_KEY"] = KEY
+  try:
+    remote = attribute_scorer.load_scorer("http", f"{server.base}/v1")
+    texts = [best_of_n.scoring_text(protocol.conversation([protocol.Message(**x) for x in m]),
+                                    r) for m, r in items]
+    np.testing.assert_allclose(remote(texts), got, rtol=1e-6)
+  finally:
+    del os.environ["HELPSTEER_API_KEY"]
+  bad = server.post("rewards", {"texts": ["no marker"]})
+  assert bad.status_code == 400 and "attribute-model input" in bad.json()["error"]["message"]
+  assert server.post("rewards", {"items": [], "weights": {"wit": 1}}).status_code == 400
+
+
+def test_sigterm_drains_in_flight_requests_and_exits_0(server):
+  client = server.client()
+  result = {}
+
+  def ask():
+    result["r"] = _chat(client, max_tokens=100, temperature=0)
+
+  thread = threading.Thread(target=ask)
+  thread.start()
+  deadline = time.time() + 60
+  while server.stats()["busy_rows"] == 0:
+    assert time.time() < deadline
+    time.sleep(0.01)
+  server.proc.send_signal(signal.SIGTERM)
+  thread.join(120)
+  assert result["r"].usage.completion_tokens >= 1
+  assert server.proc.wait(120) == 0, server.output()
+  assert "serve: stopped after" in server.output()
+  with pytest.raises(httpx.TransportError):
+    server.stats()
