@@ -63,7 +63,6 @@ def get_config(preset: str = ""):
   config.reward = reward_section()
   if preset in ("", "demo"):
     config.model = config_base.model_section("tiny")
-    config.steer_attributes = "helpsteer"
     config.serve.max_length = 1024
     return config
   if preset in ("llama2_70b", "llama3_70b", "llama3_8b", "smollm2_135m"):
