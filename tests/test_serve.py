@@ -12,8 +12,6 @@ one stops it with SIGTERM.
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -24,92 +22,24 @@ import pytest
 
 from helpsteer_jax import reward_runtime
 from helpsteer_jax.data import template
-from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.data.features import tokenize
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.eval import rm_eval
 from helpsteer_jax.inference import attribute_scorer, best_of_n, steering
-from helpsteer_jax.models import builder, hf, presets
+from helpsteer_jax.models import hf
 from helpsteer_jax.tasks import common
 
 from cli_utils import run_main
 from conftest import REPO_ROOT
-from multiprocess import free_port
+from serve_utils import KEY, MAX_LENGTH, Server, serve_config, write_models
 
-KEY = "test-key"
-MAX_LENGTH = 512
 QUESTION = "What is 2 plus 3?"
-
-
-def _write_models(root):
-  tok_dir = demo_tokenizer.build_demo_tokenizer(root / "tok")
-  policy = builder.create(presets.get_preset("tiny", initializer_range=0.1), seed=0)
-  hf.save_hf_model(policy, root / "policy", dtype="float32", tokenizer=str(tok_dir))
-  # The attribute model: a demo-shaped backbone and a random head file.
-  cfg = presets.get_preset("tiny", **reward_runtime.DEMO_SHAPE)
-  hf.save_hf_model(builder.create(cfg, seed=1), root / "rm", dtype="float32",
-                   tokenizer=str(tok_dir))
-  rng = np.random.default_rng(0)
-  reward_runtime.save_head(root / "head.npz", {
-      "kernel": rng.normal(size=(cfg.hidden_size, len(ATTRIBUTES))).astype(np.float32),
-      "bias": rng.normal(size=len(ATTRIBUTES)).astype(np.float32)})
-
-
-class Server:
-  def __init__(self, root):
-    self.port = free_port()
-    self.base = f"http://127.0.0.1:{self.port}"
-    env = dict(os.environ, JAX_PLATFORMS="cpu", HELPSTEER_API_KEY=KEY,
-               XLA_FLAGS="--xla_force_host_platform_device_count=1"
-                         " --xla_backend_optimization_level=0")
-    self.log = open(root / "server.log", "w")
-    self.proc = subprocess.Popen(
-        [sys.executable, "-m", "helpsteer_jax.main", "--config=configs/serve.py",
-         f"--config.model.hf_path={root / 'policy'}", "--config.serve.model_name=tiny",
-         f"--config.serve.port={self.port}", f"--config.serve.max_length={MAX_LENGTH}",
-         "--config.serve.max_batch=4", "--config.serve.max_tokens=500",
-         "--config.serve.max_n=3", f"--config.reward.model.hf_path={root / 'rm'}",
-         f"--config.reward.head={root / 'head.npz'}", "--config.reward.pad_multiple=16",
-         f"--workdir={root / 'workdir'}"],
-        cwd=REPO_ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, text=True)
-    self.root = root
-    deadline = time.time() + 600
-    while True:
-      assert self.proc.poll() is None, self.output()
-      try:
-        self.stats()
-        break
-      except httpx.TransportError:
-        assert time.time() < deadline, self.output()
-        time.sleep(1)
-    self.warm_compiles = self.stats()["compiles"]
-
-  def output(self) -> str:
-    return (self.root / "server.log").read_text()[-4000:]
-
-  def stats(self) -> dict:
-    return httpx.get(f"{self.base}/stats", timeout=10).json()
-
-  def client(self, key: str = KEY) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{self.base}/v1", api_key=key, max_retries=0, timeout=300)
-
-  def post(self, path: str, body, key: str = KEY, **kw) -> httpx.Response:
-    content = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    return httpx.post(f"{self.base}/v1/{path}", content=content, timeout=300,
-                      headers={"Authorization": f"Bearer {key}",
-                               "Content-Type": "application/json"}, **kw)
-
-  def stop(self) -> None:
-    if self.proc.poll() is None:
-      self.proc.kill()
-      self.proc.wait()
-    self.log.close()
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
   root = tmp_path_factory.mktemp("serve")
-  _write_models(root)
+  write_models(root)
   s = Server(root)
   yield s
   s.stop()
@@ -126,7 +56,7 @@ def test_models_chat_and_steering(server):
   tokenizer = hf.load_tokenizer(str(server.root / "policy"))
 
   def prompt_tokens(conv, attributes):
-    text = template.generation_prompt(conv, {**steering.run_attributes(_serve_config()),
+    text = template.generation_prompt(conv, {**steering.run_attributes(serve_config()),
                                              **attributes})
     return len(tokenize.tokenize_pieces([template.Piece(text, False)], tokenizer).ids)
 
@@ -150,15 +80,10 @@ def test_models_chat_and_steering(server):
   multi = client.chat.completions.create(model="tiny", messages=messages, max_tokens=4,
                                          temperature=0, extra_body={"attributes": {
                                              "verbosity": 0}})
-  label = template.label_string({**steering.run_attributes(_serve_config()), "verbosity": 0})
+  label = template.label_string({**steering.run_attributes(serve_config()), "verbosity": 0})
   conv = Conversation("Be brief.", (Turn("User", "hi"), Turn("Assistant", "hello", label),
                                     Turn("User", QUESTION)), mask_role="User")
   assert multi.usage.prompt_tokens == prompt_tokens(conv, {"verbosity": 0})
-
-
-def _serve_config():
-  import runpy
-  return runpy.run_path(str(REPO_ROOT / "configs" / "serve.py"))["get_config"]()
 
 
 def test_greedy_chat_equals_the_generate_task(server, tmp_path):

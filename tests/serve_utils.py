@@ -1,0 +1,102 @@
+"""A server for the serve tests: tiny random models on disk and the CLI run on loopback.
+
+The policy is a tiny random model with the demo tokenizer; the attribute
+model a demo-shaped backbone with a random head file. The server is
+`python -m helpsteer_jax.main --config=configs/serve.py` in a subprocess
+(one CPU device, API key `KEY`), its output in `<root>/server.log`.
+"""
+
+import json
+import os
+import runpy
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import openai
+
+from helpsteer_jax import reward_runtime
+from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
+from helpsteer_jax.data.records import ATTRIBUTES
+from helpsteer_jax.models import builder, hf, presets
+
+from conftest import REPO_ROOT
+from multiprocess import free_port
+
+KEY = "test-key"
+MAX_LENGTH = 512
+
+
+def write_models(root) -> None:
+  """The policy (`root/policy`), the attribute model (`root/rm`) and its head file."""
+  tok_dir = demo_tokenizer.build_demo_tokenizer(root / "tok")
+  policy = builder.create(presets.get_preset("tiny", initializer_range=0.1), seed=0)
+  hf.save_hf_model(policy, root / "policy", dtype="float32", tokenizer=str(tok_dir))
+  # The attribute model: a demo-shaped backbone and a random head file.
+  cfg = presets.get_preset("tiny", **reward_runtime.DEMO_SHAPE)
+  hf.save_hf_model(builder.create(cfg, seed=1), root / "rm", dtype="float32",
+                   tokenizer=str(tok_dir))
+  rng = np.random.default_rng(0)
+  reward_runtime.save_head(root / "head.npz", {
+      "kernel": rng.normal(size=(cfg.hidden_size, len(ATTRIBUTES))).astype(np.float32),
+      "bias": rng.normal(size=len(ATTRIBUTES)).astype(np.float32)})
+
+
+def serve_config():
+  """configs/serve.py's default config, as the server builds it."""
+  return runpy.run_path(str(REPO_ROOT / "configs" / "serve.py"))["get_config"]()
+
+
+class Server:
+  """The server on a free loopback port, started and waited for (up to 10 minutes)."""
+
+  def __init__(self, root):
+    self.port = free_port()
+    self.base = f"http://127.0.0.1:{self.port}"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", HELPSTEER_API_KEY=KEY,
+               XLA_FLAGS="--xla_force_host_platform_device_count=1"
+                         " --xla_backend_optimization_level=0")
+    self.log = open(root / "server.log", "w")
+    self.proc = subprocess.Popen(
+        [sys.executable, "-m", "helpsteer_jax.main", "--config=configs/serve.py",
+         f"--config.model.hf_path={root / 'policy'}", "--config.serve.model_name=tiny",
+         f"--config.serve.port={self.port}", f"--config.serve.max_length={MAX_LENGTH}",
+         "--config.serve.max_batch=4", "--config.serve.max_tokens=500",
+         "--config.serve.max_n=3", f"--config.reward.model.hf_path={root / 'rm'}",
+         f"--config.reward.head={root / 'head.npz'}", "--config.reward.pad_multiple=16",
+         f"--workdir={root / 'workdir'}"],
+        cwd=REPO_ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, text=True)
+    self.root = root
+    deadline = time.time() + 600
+    while True:
+      assert self.proc.poll() is None, self.output()
+      try:
+        self.stats()
+        break
+      except httpx.TransportError:
+        assert time.time() < deadline, self.output()
+        time.sleep(1)
+    self.warm_compiles = self.stats()["compiles"]
+
+  def output(self) -> str:
+    return (self.root / "server.log").read_text()[-4000:]
+
+  def stats(self) -> dict:
+    return httpx.get(f"{self.base}/stats", timeout=10).json()
+
+  def client(self, key: str = KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{self.base}/v1", api_key=key, max_retries=0, timeout=300)
+
+  def post(self, path: str, body, key: str = KEY, **kw) -> httpx.Response:
+    content = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(f"{self.base}/v1/{path}", content=content, timeout=300,
+                      headers={"Authorization": f"Bearer {key}",
+                               "Content-Type": "application/json"}, **kw)
+
+  def stop(self) -> None:
+    if self.proc.poll() is None:
+      self.proc.kill()
+      self.proc.wait()
+    self.log.close()
