@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP API (FastAPI): models, chat, completions, rewards, stats.
+"""The OpenAI-compatible HTTP API (FastAPI): models, chat, completions, rewards, stats,
+and the web playground at `/`.
 
 Every request is checked before it reaches the engine; a bad one is a 4xx
 with OpenAI's error object and the server keeps serving. A generation's
@@ -18,13 +19,14 @@ from typing import Any, AsyncIterator
 import fastapi
 import numpy as np
 import pydantic
+from absl import logging
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from helpsteer_jax.data import template
 from helpsteer_jax.inference import best_of_n, steering
 from helpsteer_jax.inference import engine as engine_lib
-from helpsteer_jax.serve import protocol
+from helpsteer_jax.serve import playground, protocol
 from helpsteer_jax.serve.backend import AttributeModel, CompileCounter, Policy
 
 DISCONNECT_POLL_SECONDS = 0.5
@@ -224,6 +226,8 @@ def create_app(policy: Policy, settings: Settings, attribute_model: AttributeMod
     conv = protocol.conversation(req.messages, label, settings.system)
     prompt = template.generation_prompt(conv, attributes)
     j = job(req, policy.encode(prompt), chat=True)
+    logging.info("chat: stream=%s n=%d prompt_tokens=%d max_tokens=%d attributes=%s",
+                 req.stream, req.n, len(j.prompt_ids), j.max_tokens, label)
     return await respond(j, req, request, protocol.chat_response)
 
   @app.post("/v1/completions")
@@ -266,6 +270,11 @@ def create_app(policy: Policy, settings: Settings, attribute_model: AttributeMod
             "compiled_variants": engine.compiled_variants,
             "compiles": None if compiles is None else compiles.count}
 
+  playground.add_routes(app, {
+      "model": settings.model_name, "attributes": settings.attributes,
+      "system": settings.system, "temperature": settings.temperature,
+      "max_tokens": settings.max_tokens, "rewards": attribute_model is not None,
+      "api_key": bool(settings.api_key)})
   return app
 
 
