@@ -61,8 +61,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   policy.engine.start()
   app = app_lib.create_app(policy, api, attribute_model, compiles)
   print(f"serve: {api.model_name} warmed up in {time.perf_counter() - start:.1f}s"
-        f" ({compiles.count} compiles); http://{config.serve.host}:{config.serve.port}/v1",
-        flush=True)
+        f" ({compiles.count} compiles); API http://{config.serve.host}:{config.serve.port}/v1,"
+        f" playground http://{config.serve.host}:{config.serve.port}/", flush=True)
   server = uvicorn.Server(uvicorn.Config(
       app, host=config.serve.host, port=config.serve.port, log_level="info",
       timeout_graceful_shutdown=config.serve.drain_seconds))
