@@ -242,8 +242,8 @@ def _generate(inputs, workdir) -> tuple[str, ...]:
   return ("--config=configs/generate.py", *MODEL, *MESH,
           f"--config.tokenizer={inputs['tokenizer']}", f"--config.input={inputs['prompts']}",
           "--config.batch_size=8", "--config.max_new_tokens=16", "--config.max_length=128",
-          "--config.sampling.temperature=0.8", "--config.sampling.top_k=40",
-          "--config.best_of_n.n=2", f"--workdir={workdir}")
+          "--config.steer_attributes=helpsteer", "--config.sampling.temperature=0.8",
+          "--config.sampling.top_k=40", "--config.best_of_n.n=2", f"--workdir={workdir}")
 
 
 @pytest.fixture(scope="module")
