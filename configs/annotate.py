@@ -7,12 +7,16 @@
       --config.data.input_path=/data/oasst/train.jsonl \
       --config.data.output_path=/data/oasst/train_labeled.jsonl
 
+With a configs/serve.py server that loaded the attribute model, the scoring can
+run there instead: --config.scorer.factory=http
+--config.scorer.checkpoint=http://127.0.0.1:8000/v1.
+
 Rerunning the same command resumes: rows already in the output are kept and
 only the rest are appended.
 """
 
 from helpsteer_jax import config_base
-from helpsteer_jax.reward_runtime import init_config, score_config, scoring_preset
+from helpsteer_jax.reward_runtime import init_config, score_config, scorer_section, scoring_preset
 
 
 def get_config(preset: str = ""):
@@ -26,5 +30,8 @@ def get_config(preset: str = ""):
   # an attribute_model workdir / Orbax checkpoint, or its HF export (<workdir>/hf)
   config.init = init_config(checkpoint="workdir/attribute_model")
   config.score = score_config()
+  # attribute_model (init.checkpoint, on the mesh), http (scorer.checkpoint: a server's
+  # base URL), demo_rules or package.module:function
+  config.scorer = scorer_section()
   config.attributes = ""      # comma-separated subset to write; "" = all nine
   return scoring_preset(config, preset)

@@ -9,15 +9,17 @@
 Input: HelpSteer2 rows (paired by prompt, higher helpfulness chosen), HelpSteer2
 preference rows, or prompt/chosen/rejected JSONL; "" = the 2D demo pairs' texts.
 `scorer.factory` is `attribute_model` (the project's attribute model from
-`init.checkpoint` / `model.hf_path`, on the mesh; presets as for annotate) or
-"package.module:function", a function taking `config.scorer` and returning a
-scorer: texts -> [n, 9] attribute predictions (see inference/attribute_scorer.py).
+`init.checkpoint` / `model.hf_path`, on the mesh; presets as for annotate),
+`http` (a configs/serve.py server's attribute model, `scorer.checkpoint` its
+base URL) or "package.module:function", a function taking `config.scorer` and
+returning a scorer: texts -> [n, 9] attribute predictions (see
+inference/attribute_scorer.py).
 """
 
 import ml_collections
 
 from helpsteer_jax import config_base
-from helpsteer_jax.reward_runtime import init_config, score_config, scoring_preset
+from helpsteer_jax.reward_runtime import init_config, score_config, scorer_section, scoring_preset
 
 
 def get_config(preset: str = ""):
@@ -31,10 +33,7 @@ def get_config(preset: str = ""):
       score_max=4.0,
       truncation="truncate_left",  # or "drop": prefixes longer than score.max_len
       add_bos=True))
-  config.scorer = ml_collections.ConfigDict(dict(
-      factory="attribute_model",  # or "package.module:function" returning a scorer
-      checkpoint="",          # passed to a user's factory (e.g. a trained attribute model run)
-      batch=512))             # texts per scorer call
+  config.scorer = scorer_section()
   # an attribute_model workdir / Orbax checkpoint, or its HF export (<workdir>/hf)
   config.init = init_config(checkpoint="workdir/attribute_model")
   config.score = score_config()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+from typing import Sequence
 
 import jax
 import ml_collections
@@ -24,8 +25,9 @@ from flax import nnx
 
 from helpsteer_jax import runtime
 from helpsteer_jax.data.features import rm as rm_data
-from helpsteer_jax.data.records import ATTRIBUTES
+from helpsteer_jax.data.records import ATTRIBUTES, Conversation
 from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.eval import rm_eval
 from helpsteer_jax.inference.scoring import RewardModelScorer
 from helpsteer_jax.models import builder, families, reward_hf
 from helpsteer_jax.models.reward import RewardModel, reward_model
@@ -242,6 +244,25 @@ def build_scorer(config: ml_collections.ConfigDict, rt: runtime.Runtime,
                                              config.data.truncation, config.data.add_bos)
 
 
+class AttributeModelScorer:
+  """The attribute model on the mesh as an `attribute_scorer.MeshScorer` (annotate,
+  build_2d). A conversation that does not fit `score.max_len` (after truncation)
+  gets NaN predictions."""
+
+  def __init__(self, scorer: RewardModelScorer, tok: rm_data.RegressionTokenizer):
+    self.scorer, self.tok = scorer, tok
+
+  @property
+  def local_rows(self) -> int:
+    return self.scorer.local_rows
+
+  def score_conversations(self, convs: Sequence[Conversation]) -> np.ndarray:
+    preds, kept = rm_eval.score_conversations(self.scorer, self.tok, convs)
+    out = np.full((len(convs), len(ATTRIBUTES)), np.nan, np.float32)
+    out[kept] = preds
+    return out
+
+
 class TextScorer:
   """The reward model as a collective `attribute_scorer.AttributeScorer`: regression-format
   texts -> [n, 9]; every process calls it with all texts (batches shard over the mesh).
@@ -297,6 +318,18 @@ def require_trained(config: ml_collections.ConfigDict, what: str) -> None:
                       " --config.init.checkpoint=<attribute_model workdir or its HF export"
                       " directory> (or --config.model.hf_path=<backbone> with"
                       " --config.init.head=<head.npz>)")
+
+
+ATTRIBUTE_MODEL = "attribute_model"  # a scorer name: the project's attribute model
+
+
+def scorer_section(**overrides) -> ml_collections.ConfigDict:
+  """`config.scorer` of annotate and build_2d (see `tasks.common.configured_scorer`)."""
+  return ml_collections.ConfigDict(dict(
+      factory=ATTRIBUTE_MODEL,  # or "http", "demo_rules", "package.module:function"
+      checkpoint="",          # http: the server's base URL (http://host:8000/v1); a user's
+                              # factory gets the whole config.scorer
+      batch=512) | overrides)  # conversations per scorer call
 
 
 def score_config(**overrides) -> ml_collections.ConfigDict:

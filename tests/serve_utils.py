@@ -16,6 +16,7 @@ import time
 import httpx
 import numpy as np
 import openai
+import pytest
 
 from helpsteer_jax import reward_runtime
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
@@ -42,6 +43,20 @@ def write_models(root) -> None:
   reward_runtime.save_head(root / "head.npz", {
       "kernel": rng.normal(size=(cfg.hidden_size, len(ATTRIBUTES))).astype(np.float32),
       "bias": rng.normal(size=len(ATTRIBUTES)).astype(np.float32)})
+
+
+def server_fixture(name: str):
+  """A module-scoped fixture: a `Server` on fresh models in a temporary `name` directory."""
+
+  @pytest.fixture(scope="module")
+  def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp(name)
+    write_models(root)
+    s = Server(root)
+    yield s
+    s.stop()
+
+  return server
 
 
 def serve_config():

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from helpsteer_jax import reward_runtime
 from helpsteer_jax.data.formats import helpsteer as readers
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.data.template import parse_label_string
@@ -34,6 +35,11 @@ class IdTok:
     return np.arange(sum(len(t.text) for t in conv.turns))
 
 
+def rm(scorer):
+  """A fake reward-model scorer behind the attribute-model `MeshScorer` annotate uses."""
+  return reward_runtime.AttributeModelScorer(scorer, IdTok())
+
+
 def convs(n):
   out = []
   for i in range(n):
@@ -50,7 +56,7 @@ def read_rows(path):
 
 def test_every_assistant_turn_gets_clipped_rounded_labels(tmp_path):
   out = tmp_path / "out.jsonl"
-  counts = annotate.annotate(convs(4), FakeScorer(), IdTok(), out, chunk_rows=3,
+  counts = annotate.annotate(convs(4), rm(FakeScorer()), out, chunk_rows=3,
                              slots=range(len(ATTRIBUTES)))
   assert counts["written"] == 4 and counts["turns"] == 6
   rows = read_rows(out)
@@ -74,28 +80,28 @@ def test_every_assistant_turn_gets_clipped_rounded_labels(tmp_path):
 def test_resume_after_a_kill_neither_duplicates_nor_loses_rows(tmp_path):
   data = convs(11)
   full = tmp_path / "full.jsonl"
-  annotate.annotate(data, FakeScorer(), IdTok(), full, chunk_rows=3, slots=[4, 8])
+  annotate.annotate(data, rm(FakeScorer()), full, chunk_rows=3, slots=[4, 8])
   part = tmp_path / "part.jsonl"
   with pytest.raises(KeyboardInterrupt):
-    annotate.annotate(data, FakeScorer(fail_after=2), IdTok(), part, chunk_rows=3, slots=[4, 8])
+    annotate.annotate(data, rm(FakeScorer(fail_after=2)), part, chunk_rows=3, slots=[4, 8])
   assert len(read_rows(part)) == 6
   with open(part, "a") as f:  # a torn write from the killed run
     f.write('{"system": "S", "conv')
-  counts = annotate.annotate(data, FakeScorer(), IdTok(), part, chunk_rows=3, slots=[4, 8])
+  counts = annotate.annotate(data, rm(FakeScorer()), part, chunk_rows=3, slots=[4, 8])
   assert counts["already_written"] == 6 and counts["written"] == 5
   assert part.read_text() == full.read_text()
-  again = annotate.annotate(data, FakeScorer(), IdTok(), part, chunk_rows=3, slots=[4, 8])
+  again = annotate.annotate(data, rm(FakeScorer()), part, chunk_rows=3, slots=[4, 8])
   assert again["written"] == 0 and part.read_text() == full.read_text()
 
 
 def test_resume_refuses_an_output_of_another_input(tmp_path):
   out = tmp_path / "out.jsonl"
-  annotate.annotate(convs(4), FakeScorer(), IdTok(), out, chunk_rows=2, slots=[4])
+  annotate.annotate(convs(4), rm(FakeScorer()), out, chunk_rows=2, slots=[4])
   other = [Conversation("S", (Turn("User", "x"), Turn("Assistant", "y")))] * 5
   with pytest.raises(ConfigError, match="another input"):
-    annotate.annotate(other, FakeScorer(), IdTok(), out, chunk_rows=2, slots=[4])
+    annotate.annotate(other, rm(FakeScorer()), out, chunk_rows=2, slots=[4])
   with pytest.raises(ConfigError, match="another input"):
-    annotate.annotate(convs(3), FakeScorer(), IdTok(), out, chunk_rows=2, slots=[4])
+    annotate.annotate(convs(3), rm(FakeScorer()), out, chunk_rows=2, slots=[4])
 
 
 def test_attribute_selection():

@@ -84,6 +84,9 @@ def test_task_needs_a_scorer(tmp_path):
   config.scorer.factory = "fake_scorer:nope"
   with pytest.raises(ConfigError, match="cannot be loaded"):
     task.run(config, str(tmp_path))
+  config.scorer.factory = "http"  # a registered scorer takes scorer.checkpoint: a URL here
+  with pytest.raises(ConfigError, match="base URL"):
+    task.run(config, str(tmp_path))
   with pytest.raises(ConfigError, match="returned shape"):
     segment_scores.score_pairs(PLAIN, lambda texts: np.zeros((len(texts), 5)))
 

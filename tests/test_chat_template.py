@@ -220,6 +220,16 @@ def test_bad_input_is_a_clear_error(base_export, tmp_path, messages, attributes,
 def test_template_and_section_survive_transformers_round_trips(base_export, tmp_path):
   spec = SPECS["subset"]
   export = _export(base_export, spec, tmp_path)
+  # The turn marker joins generation_config's EOS ids only where it is one token.
+  tok = transformers.AutoTokenizer.from_pretrained(export)
+  marker = chat_template.turn_marker_id(tok)
+  assert (marker is not None) == (tok.convert_tokens_to_ids(template.TURN_START)
+                                  != tok.unk_token_id)
+  if marker is not None:
+    chat_template.export_files(spec, export, turn_marker=marker)
+    chat_template.export_files(spec, export, turn_marker=marker)  # idempotent
+    eos = json.loads((export / "generation_config.json").read_text())["eos_token_id"]
+    assert eos == [tok.eos_token_id, marker]
   jinja = (export / "chat_template.jinja").read_text()
   if (export / "tokenizer_config.json").is_file():  # older transformers read it from here
     assert json.loads((export / "tokenizer_config.json").read_text())["chat_template"] == jinja
@@ -314,6 +324,10 @@ def test_acsft_export_carries_the_template_and_generate_uses_it(tmp_path):
                                 tokenize=False)
   assert got == "<s>" + template.generation_prompt(
       _conversation(HISTORY), {**spec.defaults, "verbosity": 0})
+  # transformers' generate (and vLLM, which reads the same file) stops at the turn marker.
+  marker = tok.convert_tokens_to_ids(template.TURN_START)
+  eos = transformers.GenerationConfig.from_pretrained(export).eos_token_id
+  assert eos == [tok.eos_token_id, marker]
   # The checkpoint's run and the HF directory both give the model's attributes.
   assert loading.steer_spec(_generate_config(checkpoint=str(work))) == spec
   prompts = tmp_path / "in.jsonl"

@@ -14,6 +14,7 @@ import shutil
 import jax
 import numpy as np
 import pytest
+import torch_reference
 from flax import nnx
 
 from helpsteer_jax import sharding
@@ -127,13 +128,6 @@ def _batch(batch: int = 8, length: int = 16, vocab: int = 256):
   return tokens, mask, positions
 
 
-def _hf_logits(model, tokens, mask, positions) -> np.ndarray:
-  with torch.no_grad():
-    out = model(input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask),
-                position_ids=torch.tensor(positions))
-  return out.logits.float().numpy()
-
-
 def _our_logits(model, tokens, mask, positions, mesh=None) -> np.ndarray:
   fn = jax.jit(lambda t, p, s: model.logits(model(t, positions=p, segment_ids=s)))
   if mesh is None:
@@ -154,7 +148,7 @@ def _check_import(checkpoints, kind, which=1, mesh=None, **overrides):
   ours = hf.load_hf_model(checkpoints[kind][which], mesh, **overrides)
   tokens, mask, positions = _batch()
   _assert_parity(_our_logits(ours, tokens, mask, positions, mesh),
-                 _hf_logits(hf_model, tokens, mask, positions), mask)
+                 torch_reference.logits(hf_model, tokens, mask, positions), mask)
   return ours
 
 
@@ -262,7 +256,7 @@ def test_packed_rows_match_separate_sequences(checkpoints, kind):
   packed = _our_logits(ours, tokens, segments, positions)[0]
   for seq, rows in ((first, slice(0, 9)), (second, slice(9, 16))):
     ones = np.ones((1, len(seq)), np.int64)
-    alone = _hf_logits(hf_model, seq[None], ones, np.arange(len(seq))[None])[0]
+    alone = torch_reference.logits(hf_model, seq[None], ones, np.arange(len(seq))[None])[0]
     _assert_parity(packed[rows], alone, ones[0])
 
 
@@ -278,7 +272,7 @@ def test_round_trip(checkpoints, kind, tmp_path):
   mesh = sharding.make_mesh((2, 2, 2))
   ours = hf.load_hf_model(single, mesh)
   tokens, mask, positions = _batch()
-  ref = _hf_logits(hf_model, tokens, mask, positions)
+  ref = torch_reference.logits(hf_model, tokens, mask, positions)
   hf_names = set(st.SafetensorsFile(os.path.join(single, "model.safetensors")).keys())
 
   for name, max_bytes in (("fp32", 5 * 2**30), ("fp32_sharded", 60_000)):
@@ -296,7 +290,7 @@ def test_round_trip(checkpoints, kind, tmp_path):
     want, got = hf_model.config.to_dict(), loaded.config.to_dict()
     assert {k: (want.get(k), got.get(k)) for k in set(want) | set(got)
             if want.get(k) != got.get(k) and k != "_name_or_path"} == {}
-    _assert_parity(_hf_logits(loaded, tokens, mask, positions), ref, mask)
+    _assert_parity(torch_reference.logits(loaded, tokens, mask, positions), ref, mask)
     gen = json.loads((out / "generation_config.json").read_text())
     assert gen["eos_token_id"] == hf_model.config.eos_token_id
   reader = st.CheckpointReader(tmp_path / "fp32_sharded")
@@ -311,7 +305,7 @@ def test_round_trip(checkpoints, kind, tmp_path):
   assert loaded.dtype == torch.bfloat16
   loaded32 = transformers.AutoModelForCausalLM.from_pretrained(
       out, dtype=torch.float32, attn_implementation="eager").eval()
-  got = _hf_logits(loaded32, tokens, mask, positions)
+  got = torch_reference.logits(loaded32, tokens, mask, positions)
   real = mask.astype(bool)
   assert np.abs(got[real] - ref[real]).max() < 0.05 * np.abs(ref[real]).max()
 
@@ -332,7 +326,7 @@ def test_half_precision_checkpoint(checkpoints, tmp_path, torch_dtype):
   assert ours.embed[...].dtype == np.float32
   tokens, mask, positions = _batch()
   _assert_parity(_our_logits(ours, tokens, mask, positions),
-                 _hf_logits(model, tokens, mask, positions), mask)
+                 torch_reference.logits(model, tokens, mask, positions), mask)
   ours16 = hf.load_hf_model(tmp_path, param_dtype="bfloat16")
   assert ours16.layers.attn.q_proj[...].dtype == jax.numpy.bfloat16
 

@@ -22,7 +22,7 @@ from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.inference import steering
 
 from conftest import REPO_ROOT
-from serve_utils import KEY, Server, serve_config, write_models
+from serve_utils import KEY, serve_config, server_fixture
 
 QUESTION = "Tell me about castles and the kings who built them."
 MAX_TOKENS = 64
@@ -40,6 +40,26 @@ new MutationObserver(() => {
     window.answerLengths.push([answers.length, answers[answers.length - 1].textContent.length]);
   }
 }).observe(list, {subtree: true, childList: true, characterData: true});
+"""
+
+
+# Sends the prompt, clicks the Send button (now Stop) as soon as the answer shows
+# text, and returns the button's label at that moment.
+STOP_ON_FIRST_TEXT = """
+const done = arguments[arguments.length - 1];
+const list = document.getElementById("messages");
+const send = document.getElementById("send");
+const observer = new MutationObserver(() => {
+  const answer = list.querySelector(".assistant .answer");
+  if (answer && answer.textContent.length > 0) {
+    observer.disconnect();
+    const label = send.textContent;
+    send.click();
+    done(label);
+  }
+});
+observer.observe(list, {subtree: true, childList: true, characterData: true});
+send.click();
 """
 
 
@@ -61,13 +81,7 @@ def browser():
   driver.quit()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-  root = tmp_path_factory.mktemp("playground")
-  write_models(root)
-  s = Server(root)
-  yield s
-  s.stop()
+server = server_fixture("playground")
 
 
 def _chat_log(server) -> list[tuple[bool, int, str]]:
@@ -151,6 +165,31 @@ def test_playground_streams_steered_answers_and_scores_them(browser, server, tmp
       assert abs(float(shown_value) - value) <= 0.005 + 1e-9 and len(shown_value.split(".")[1]) == 2
     history += [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": shown}]
 
+  browser.save_screenshot(str(tmp_path / "playground.png"))
+  assert (tmp_path / "playground.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  if os.environ.get("HELPSTEER_UPDATE_SCREENSHOT"):  # refresh the README's image on request
+    shutil.copy(tmp_path / "playground.png", REPO_ROOT / "docs" / "playground.png")
+
+  # Stop mid-answer (clicked as the first text arrives): the page keeps what
+  # streamed, the server frees the row.
+  cancelled = server.stats()["cancelled"]
+  find(By.ID, "new-chat").click()
+  max_tokens = find(By.ID, "max-tokens")
+  max_tokens.clear()
+  max_tokens.send_keys("400")
+  browser.set_script_timeout(WAIT_SECONDS)
+  prompt.send_keys("Write a long story about a castle.")
+  label_before_click = browser.execute_async_script(STOP_ON_FIRST_TEXT)
+  assert label_before_click == "Stop"
+  wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#messages .assistant")
+             .get_attribute("data-state") != "streaming")
+  stopped = find(By.CSS_SELECTOR, "#messages .assistant")
+  assert stopped.get_attribute("data-state") == "stopped"
+  assert find(By.ID, "send").text == "Send"
+  assert 0 < len(stopped.find_element(By.CLASS_NAME, "answer").get_property("textContent"))
+  wait.until(lambda d: server.stats()["cancelled"] == cancelled + 1
+             and server.stats()["busy_rows"] == 0)
+
   # Offline: everything the page loaded came from this server.
   loaded = browser.execute_script(
       "return performance.getEntriesByType('resource').map(e => e.name)")
@@ -158,7 +197,3 @@ def test_playground_streams_steered_answers_and_scores_them(browser, server, tmp
   errors = [e["message"] for e in browser.get_log("browser")
             if e["level"] == "SEVERE" and "401" not in e["message"]]
   assert not errors, json.dumps(errors, indent=1)
-  browser.save_screenshot(str(tmp_path / "playground.png"))
-  assert (tmp_path / "playground.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-  if os.environ.get("HELPSTEER_UPDATE_SCREENSHOT"):  # refresh the README's image on request
-    shutil.copy(tmp_path / "playground.png", REPO_ROOT / "docs" / "playground.png")

@@ -34,30 +34,30 @@ def _lines(path):
 
 
 def test_annotation_killed_mid_way_resumes_without_duplicates_or_gaps(tmp_path):
-  from test_annotate import FakeScorer, IdTok, convs
+  from test_annotate import FakeScorer, convs, rm
 
   from helpsteer_jax.tasks import annotate
   data = convs(40)
   full = tmp_path / "full.jsonl"
-  annotate.annotate(data, FakeScorer(), IdTok(), full, chunk_rows=2, slots=[4, 8])
+  annotate.annotate(data, rm(FakeScorer()), full, chunk_rows=2, slots=[4, 8])
   part = tmp_path / "part.jsonl"
   proc = _spawn(f"""
       import pathlib, time
       from helpsteer_jax.tasks import annotate
-      from test_annotate import FakeScorer, IdTok, convs
+      from test_annotate import FakeScorer, convs, rm
 
       class Slow(FakeScorer):
         def score(self, seqs, on_batch=None):
           time.sleep(0.2)
           return super().score(seqs, on_batch)
 
-      annotate.annotate(convs(40), Slow(), IdTok(), pathlib.Path({str(part)!r}), chunk_rows=2,
+      annotate.annotate(convs(40), rm(Slow()), pathlib.Path({str(part)!r}), chunk_rows=2,
                         slots=[4, 8])
       """)
   _kill_when(proc, lambda: _lines(part) >= 6)
   written = _lines(part)
   assert 6 <= written < 40
-  counts = annotate.annotate(data, FakeScorer(), IdTok(), part, chunk_rows=2, slots=[4, 8])
+  counts = annotate.annotate(data, rm(FakeScorer()), part, chunk_rows=2, slots=[4, 8])
   assert counts["already_written"] + counts["written"] == 40
   assert part.read_text() == full.read_text()
 

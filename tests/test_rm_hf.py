@@ -13,6 +13,7 @@ import json
 import jax
 import numpy as np
 import pytest
+import torch_reference
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
@@ -78,13 +79,6 @@ def _batch(batch: int = 6, length: int = 16):
   return tokens, mask, positions
 
 
-def _theirs(model, tokens, mask, positions) -> np.ndarray:
-  with torch.no_grad():
-    out = model(input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask),
-                position_ids=torch.tensor(positions))
-  return out.logits.float().numpy()
-
-
 def _ours(model, tokens, mask, positions) -> np.ndarray:
   return np.asarray(jax.jit(lambda t, p, s: model.score_last(t, p, s))(tokens, positions, mask))
 
@@ -107,7 +101,7 @@ def test_export_loads_in_transformers_with_equal_scores(kind, tmp_path):
   assert not ours.head.has_bias
   tokens, mask, positions = _batch()
   ours_scores = _ours(ours, tokens, mask, positions)
-  want = _theirs(reference, tokens, mask, positions)
+  want = torch_reference.logits(reference, tokens, mask, positions)
   assert want.shape == (len(tokens), len(ATTRIBUTES)) and np.abs(want).max() > 0.5
   np.testing.assert_allclose(ours_scores, want, atol=ATOL, rtol=0)
 
@@ -120,7 +114,7 @@ def test_export_loads_in_transformers_with_equal_scores(kind, tmp_path):
       out, dtype=torch.float32, attn_implementation="eager").eval()
   assert exported.config.num_labels == len(ATTRIBUTES)
   assert [exported.config.id2label[i] for i in range(len(ATTRIBUTES))] == list(ATTRIBUTES)
-  np.testing.assert_allclose(_theirs(exported, tokens, mask, positions), ours_scores,
+  np.testing.assert_allclose(torch_reference.logits(exported, tokens, mask, positions), ours_scores,
                              atol=ATOL, rtol=0)
 
   ref_tensors, out_tensors = _tensors(ref_dir), _tensors(out)

@@ -3,11 +3,11 @@ from an Orbax checkpoint (export_rm), and read by evaluate_rm (CLI), annotate an
 best-of-n's scorer in place of the Orbax checkpoint. Tiny model, a few steps."""
 
 import json
-import runpy
 
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
+from task_configs import TINY_SHAPE, short_config
 
 from helpsteer_jax import reward_runtime, runtime
 from helpsteer_jax.data.features import rm as rm_data
@@ -19,27 +19,15 @@ from helpsteer_jax.models import hf
 from helpsteer_jax.tasks import annotate, attribute_model, evaluate_rm, export_rm
 
 from cli_utils import run_main
-from conftest import REPO_ROOT
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-SHAPE = dict(preset="tiny", hidden_size=64, intermediate_size=176, num_layers=2, num_heads=4,
-             num_kv_heads=2, attention_block_size=32)
+SHAPE = TINY_SHAPE
 
 
 def config(task, **sections):
-  cfg = runpy.run_path(str(REPO_ROOT / "configs" / f"{task}.py"))["get_config"]()
-  cfg.model.update(SHAPE)
-  if "train" in cfg:
-    cfg.train.update(num_steps=4, global_batch=8, micro_batch=8, seq_len=128, log_every=1,
-                     eval_every=0, save_every=100, export_dtype="float32", loss_chunk_size=64)
-    cfg.optimizer.update(warmup_steps=1)
-  if "score" in cfg:
-    cfg.score.update(batch_size=8, max_len=128)
-  for name, values in sections.items():
-    cfg[name].update(values)
-  return cfg
+  return short_config(task, export=True, **sections)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +35,6 @@ def trained(tmp_path_factory):
   """An attribute-model run (regression, bias-free head) with its end-of-training export."""
   workdir = tmp_path_factory.mktemp("attribute_model")
   cfg = config("attribute_model")
-  cfg.data.update(demo_train_rows=48, demo_validation_rows=16)
   summary = attribute_model.run(cfg, str(workdir))
   assert summary["status"] == "finished"
   return workdir

@@ -24,6 +24,7 @@ from helpsteer_jax import reward_runtime
 from helpsteer_jax.data import template
 from helpsteer_jax.data.features import tokenize
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
+from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.eval import rm_eval
 from helpsteer_jax.inference import attribute_scorer, best_of_n, steering
 from helpsteer_jax.models import hf
@@ -31,18 +32,12 @@ from helpsteer_jax.tasks import common
 
 from cli_utils import run_main
 from conftest import REPO_ROOT
-from serve_utils import KEY, MAX_LENGTH, Server, serve_config, write_models
+from serve_utils import KEY, MAX_LENGTH, serve_config, server_fixture
 
 QUESTION = "What is 2 plus 3?"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-  root = tmp_path_factory.mktemp("serve")
-  write_models(root)
-  s = Server(root)
-  yield s
-  s.stop()
+server = server_fixture("serve")
 
 
 def _chat(client, content=QUESTION, **kw):
@@ -204,6 +199,20 @@ def test_no_compilation_after_warm_up(server):
   assert stats["requests"] > 0
 
 
+def _annotate_config(server):
+  """configs/annotate.py on the server's attribute model (backbone + head file)."""
+  import runpy
+  config = runpy.run_path(str(REPO_ROOT / "configs" / "annotate.py"))["get_config"]()
+  config.unlock()
+  config.model.hf_path, config.init.checkpoint = str(server.root / "rm"), ""
+  config.init.head = str(server.root / "head.npz")
+  for name in reward_runtime.DEMO_SHAPE:
+    config.model[name] = None
+  config.score.pad_multiple = 16
+  config.data.max_rows = 6
+  return config
+
+
 def test_rewards_match_annotate_scoring_and_the_http_scorer(server):
   items = [([{"role": "user", "content": QUESTION}], "It is 5."),
            ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
@@ -215,14 +224,7 @@ def test_rewards_match_annotate_scoring_and_the_http_scorer(server):
   data = response.json()["data"]
   got = np.asarray([[row["attributes"][n] for n in ATTRIBUTES] for row in data])
   # The annotate path in this process, on the same attribute model.
-  import runpy
-  config = runpy.run_path(str(REPO_ROOT / "configs" / "annotate.py"))["get_config"]()
-  config.unlock()
-  config.model.hf_path, config.init.checkpoint = str(server.root / "rm"), ""
-  config.init.head = str(server.root / "head.npz")
-  for name in reward_runtime.DEMO_SHAPE:
-    config.model[name] = None
-  config.score.pad_multiple = 16
+  config = _annotate_config(server)
   setup = common.prepare(config, server.root / "ref", tokenizer=False, model=False)
   scorer, tok = reward_runtime.build_scorer(config, setup.rt,
                                             hf.load_tokenizer(str(server.root / "rm")))
@@ -250,6 +252,26 @@ def test_rewards_match_annotate_scoring_and_the_http_scorer(server):
   bad = server.post("rewards", {"texts": ["no marker"]})
   assert bad.status_code == 400 and "attribute-model input" in bad.json()["error"]["message"]
   assert server.post("rewards", {"items": [], "weights": {"wit": 1}}).status_code == 400
+
+
+def test_annotate_through_the_server_equals_annotate_in_process(server, tmp_path):
+  # Reference: the annotate task scoring with the attribute model itself.
+  from helpsteer_jax.tasks import annotate
+  local = annotate.run(_annotate_config(server), str(tmp_path / "local"))
+  config = _annotate_config(server)
+  config.scorer.factory, config.scorer.checkpoint = "http", f"{server.base}/v1"
+  config.scorer.batch = 4  # several requests per chunk
+  os.environ["HELPSTEER_API_KEY"] = KEY
+  try:
+    remote = annotate.run(config, str(tmp_path / "remote"))
+  finally:
+    del os.environ["HELPSTEER_API_KEY"]
+  assert remote["written"] == local["written"] == 6 and remote["turns"] > 0
+  assert ((tmp_path / "remote" / "annotated.jsonl").read_text()
+          == (tmp_path / "local" / "annotated.jsonl").read_text())
+  config.scorer.checkpoint = "127.0.0.1:1"
+  with pytest.raises(ConfigError, match="base URL"):
+    annotate.run(config, str(tmp_path / "bad"))
 
 
 def test_sigterm_drains_in_flight_requests_and_exits_0(server):

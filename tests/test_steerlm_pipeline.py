@@ -3,11 +3,11 @@ plus Bradley-Terry from the regression head, evaluation, and backbone init
 from an AC-SFT checkpoint. Tiny model, a few steps each, in-process."""
 
 import json
-import runpy
 
 import jax
 import numpy as np
 import pytest
+from task_configs import short_config
 
 from helpsteer_jax import reward_runtime, runtime
 from helpsteer_jax.data.formats import helpsteer as readers
@@ -17,23 +17,7 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.tasks import acsft, annotate, attribute_model, evaluate_rm
 from helpsteer_jax.train import checkpoint as ckpt_lib
 
-from conftest import REPO_ROOT
-
-
-def config(task, **sections):
-  cfg = runpy.run_path(str(REPO_ROOT / "configs" / f"{task}.py"))["get_config"]()
-  cfg.model.update(preset="tiny", hidden_size=64, intermediate_size=176, num_layers=2,
-                   num_heads=4, num_kv_heads=2, attention_block_size=32)
-  if "train" in cfg:
-    cfg.train.update(num_steps=4, global_batch=8, micro_batch=8, seq_len=128, log_every=1,
-                     eval_every=0, save_every=100, export_hf=False, loss_chunk_size=64)
-    cfg.optimizer.update(warmup_steps=1)
-  if "score" in cfg:
-    cfg.score.update(batch_size=8, max_len=128)
-  cfg.data.update(demo_train_rows=48, demo_validation_rows=16)
-  for name, values in sections.items():
-    cfg[name].update(values)
-  return cfg
+config = short_config
 
 
 @pytest.fixture(scope="module")

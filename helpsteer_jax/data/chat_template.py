@@ -248,23 +248,40 @@ def chat_template(spec: SteerSpec, add_bos: bool = True) -> str:
   return "\n".join(header + lines) + "\n" + _BODY.replace("BOS\n", bos + "\n" if bos else "")
 
 
-def export_files(spec: SteerSpec, out_dir: str | os.PathLike, add_bos: bool = True) -> None:
+def turn_marker_id(tokenizer) -> int | None:
+  """The id of the turn marker `<extra_id_1>` when the tokenizer has it as one token."""
+  ids = tokenizer(template.TURN_START, add_special_tokens=False)["input_ids"]
+  return int(ids[0]) if len(ids) == 1 else None
+
+
+def export_files(spec: SteerSpec, out_dir: str | os.PathLike, add_bos: bool = True,
+                 turn_marker: int | None = None) -> None:
   """Writes the template into an HF directory's tokenizer files and `spec` into its config.json.
 
   The template goes to `chat_template.jinja` (transformers >= 4.50 prefer
   it) and to `tokenizer_config.json`'s `chat_template` when that file exists
   (older readers); a copied `chat_template.json` of the base model would be
-  stale and is removed.
+  stale and is removed. `turn_marker` (`turn_marker_id`) joins the EOS ids
+  of `generation_config.json`: a SteerLM model ends its turn by starting the
+  next one, and transformers' `generate` and vLLM stop at those ids.
   """
   out = pathlib.Path(out_dir)
   text = chat_template(spec, add_bos)
   (out / TEMPLATE_FILE).write_text(text, encoding="utf-8")
   (out / "chat_template.json").unlink(missing_ok=True)
-  for name, update in (("tokenizer_config.json", {"chat_template": text}),
-                       ("config.json", {SECTION: spec.section()})):
+  updates = [("tokenizer_config.json", lambda c: {"chat_template": text}),
+             ("config.json", lambda c: {SECTION: spec.section()})]
+  if turn_marker is not None:
+    updates.append(("generation_config.json", lambda c: {
+        "eos_token_id": _with_id(c.get("eos_token_id"), turn_marker)}))
+  for name, update in updates:
     path = out / name
     if path.is_file():
       content = json.loads(path.read_text(encoding="utf-8"))
-      content.update(update)
+      content.update(update(content))
       path.write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
+
+def _with_id(eos: int | list[int] | None, extra: int) -> list[int]:
+  ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+  return ids if extra in ids else ids + [extra]

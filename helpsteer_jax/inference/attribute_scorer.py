@@ -11,10 +11,13 @@ function called with one argument (best_of_n's `scorer_path`, build_2d's
 `config.scorer`) that returns a scorer (how a trained attribute model or
 any other judge plugs in).
 
-A `MeshScorer` (the project's attribute model in build_2d) is the other
-kind: it runs on every process and shards each batch over the mesh itself.
-A text scorer with `collective = True` (the project's attribute model in
-best-of-n) is likewise called by every process with all texts.
+A `MeshScorer` (the project's attribute model in annotate and build_2d) is
+the other kind: it runs on every process and shards each batch over the mesh
+itself. A text scorer with `collective = True` (the project's attribute model
+in best-of-n) is likewise called by every process with all texts.
+`as_mesh_scorer` gives any scorer the `MeshScorer` interface (a host-side
+one scores each process's contiguous share of a batch, gathered), and
+`predict` scores conversations in batches through it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
+from helpsteer_jax import multihost
 from helpsteer_jax.data import template
 from helpsteer_jax.data.demo import rows as demo_rows
 from helpsteer_jax.data.records import ATTRIBUTES, NUM_ATTRIBUTES, Conversation
@@ -104,3 +108,41 @@ def checked_predictions(out: Any, n: int, dtype=np.float32) -> np.ndarray:
                       f" expected ({n}, {NUM_ATTRIBUTES}): one prediction per attribute of"
                       f" {ATTRIBUTES}")
   return out
+
+
+class SharedScorer:
+  """An `AttributeScorer` as a `MeshScorer`: every process is called with the same
+  conversations; a host-side scorer scores this process's contiguous share of them
+  and the predictions are gathered, a collective one is given them all."""
+
+  def __init__(self, scorer: AttributeScorer):
+    self.scorer = scorer
+    self.local_rows = 0
+
+  def _score(self, convs: Sequence[Conversation]) -> np.ndarray:
+    self.local_rows += len(convs)
+    texts = [template.regression_text(c) for c in convs]
+    return checked_predictions(self.scorer(texts), len(convs))
+
+  def score_conversations(self, convs: Sequence[Conversation]) -> np.ndarray:
+    if is_collective(self.scorer):
+      return self._score(convs)
+    return multihost.split_map(self._score, convs, NUM_ATTRIBUTES)
+
+
+def as_mesh_scorer(scorer: AttributeScorer | MeshScorer) -> MeshScorer:
+  """`scorer` if it already is a `MeshScorer`, else a `SharedScorer` around it."""
+  return scorer if hasattr(scorer, "score_conversations") else SharedScorer(scorer)
+
+
+def predict(convs: Sequence[Conversation], scorer: MeshScorer, batch_size: int,
+            on_batch: Callable[[int], None] | None = None) -> np.ndarray:
+  """[n, 9] predictions for the last response of every conversation (NaN: not scored),
+  on every process, in scorer calls of `batch_size` conversations."""
+  out = [np.zeros((0, NUM_ATTRIBUTES), np.float32)]
+  for start in range(0, len(convs), max(batch_size, 1)):
+    batch = convs[start:start + max(batch_size, 1)]
+    out.append(checked_predictions(scorer.score_conversations(batch), len(batch)))
+    if on_batch is not None:
+      on_batch(len(batch))
+  return np.concatenate(out)

@@ -10,9 +10,10 @@ count from its own first token). A scheduler thread:
     is prefilled alone (one compiled function per prompt bucket) and its
     keys and values are written into its row so that its last prompt token
     lands right before `end`;
-  - runs `decode_chunk`: `chunk_steps` decode steps for all rows in one
-    jitted call, with per-row temperature, top-p and PRNG keys (arrays, so
-    greedy and sampled rows share the compile);
+  - runs `decode_chunk`: `chunk_steps` decode steps in one jitted call for
+    the smallest power-of-two prefix of rows holding every live one (rows are
+    taken lowest first), with per-row temperature, top-p and PRNG keys
+    (arrays, so greedy and sampled rows share the compile);
   - hands each request its new text, ends rows at stop tokens, stop strings
     or their token budget, and frees finished or cancelled rows.
 
@@ -32,18 +33,16 @@ import threading
 from typing import Any, Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import logging
 from flax import nnx
 from jax.sharding import Mesh
 
 from helpsteer_jax import sharding as sharding_lib
-from helpsteer_jax.data.template import END_OF_TURN
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.inference import sampling as sampling_lib
+from helpsteer_jax.inference import engine_steps
 from helpsteer_jax.inference.decode import MIN_PROMPT_BUCKET
-from helpsteer_jax.inference.generator import cut_at_stop
+from helpsteer_jax.inference.row_stream import RowStream, Update
 from helpsteer_jax.models.kv_cache import KVCache
 
 
@@ -62,17 +61,6 @@ class Request:
   stop_strings: tuple[str, ...] = ()
 
 
-@dataclasses.dataclass
-class Update:
-  """New text since the last update; `finish_reason` ("stop" / "length") and
-  the final `text` on the last one. `completion_tokens` counts tokens so far."""
-
-  delta: str
-  completion_tokens: int
-  finish_reason: str | None = None
-  text: str = ""
-
-
 class Handle:
   """A submitted request; `cancel()` frees its row at the next chunk boundary."""
 
@@ -86,90 +74,14 @@ class Handle:
 
 @dataclasses.dataclass
 class _Row:
-  """Host-side state of a live row."""
+  """A live row: its request and its output stream."""
 
   handle: Handle
-  ids: list[int]
-  stop_strings: tuple[str, ...]
-  emitted: str = ""
-
-  @property
-  def held_back(self) -> tuple[str, ...]:
-    # A chat reply drops the turn end before the stop marker: hold it back too.
-    return self.stop_strings + tuple(END_OF_TURN + s for s in self.stop_strings)
+  stream: RowStream
 
   @property
   def request(self) -> Request:
     return self.handle.request
-
-
-def prompt_buckets(max_length: int) -> list[int]:
-  """Prompt lengths compiled for prefill: powers of two from 16, then `max_length`."""
-  out, n = [], MIN_PROMPT_BUCKET
-  while n < max_length:
-    out.append(n)
-    n *= 2
-  return out + [max_length]
-
-
-def _held_back(text: str, stops: Sequence[str]) -> int:
-  """How many trailing characters might start a stop string (not shown yet)."""
-  keep = 1 if text.endswith("\ufffd") else 0  # a character still being decoded
-  for s in stops:
-    for n in range(min(len(s), len(text)), 0, -1):
-      if s.startswith(text[-n:]):
-        keep = max(keep, n)
-        break
-  return keep
-
-
-def _prefill(state, k, v, tokens, length, row, end, temperature, top_p, seed, *, graphdef,
-             rules):
-  """Prefills one left-padded prompt [1, T] and writes it into `row`, ending at `end`."""
-  with sharding_lib.axis_rules(rules):
-    model = nnx.merge(graphdef, state)
-    t = tokens.shape[1]
-    index = jnp.arange(t, dtype=jnp.int32)[None]
-    pad = t - length
-    segment_ids = (index >= pad).astype(jnp.int32)
-    positions = jnp.maximum(index - pad, 0)
-    small = KVCache.init(model.cfg, 1, t)
-    hidden, small = model.prefill(tokens, positions, segment_ids, small)
-    first = sampling_lib.sample_rows(model.logits(hidden[:, -1:])[:, 0],
-                                     jax.random.fold_in(jax.random.key(seed), 0)[None],
-                                     temperature[None],
-                                     top_p[None])
-    zero = jnp.zeros((), jnp.int32)
-    at = (zero, row, zero, end - t, zero)
-    k = jax.lax.dynamic_update_slice(k, small.k.astype(k.dtype), at)
-    v = jax.lax.dynamic_update_slice(v, small.v.astype(v.dtype), at)
-    return k, v, first[0]
-
-
-def _decode_chunk(state, k, v, end, row_start, last, positions, temperature, top_p, seeds,
-                  counters, *, graphdef, rules, steps: int):
-  """`steps` decode steps for every row; returns the cache and tokens [batch, steps]."""
-  with sharding_lib.axis_rules(rules):
-    model = nnx.merge(graphdef, state)
-    slots = jnp.arange(k.shape[3], dtype=jnp.int32)[None]
-    segment_ids = ((slots >= row_start[:, None]) & (slots < end)).astype(jnp.int32)
-    cache = KVCache(k=k, v=v, segment_ids=segment_ids, end=end)
-    keys = jax.vmap(jax.random.key)(seeds)
-
-    def step(carry, i):
-      cache, last = carry
-      hidden, cache = model.decode_step(last[:, None], (positions + i)[:, None], cache)
-      step_keys = jax.vmap(jax.random.fold_in)(keys, counters + i)
-      new = sampling_lib.sample_rows(model.logits(hidden)[:, 0], step_keys, temperature, top_p)
-      return (cache, new), new
-
-    (cache, _), tokens = jax.lax.scan(step, (cache, last), jnp.arange(steps, dtype=jnp.int32))
-    return cache.k, cache.v, tokens.T
-
-
-def _roll(k, v, shift):
-  """Moves every row's slots by `shift` (positive: right)."""
-  return jnp.roll(k, shift, axis=3), jnp.roll(v, shift, axis=3)
 
 
 class Engine:
@@ -202,14 +114,17 @@ class Engine:
     self.stop_ids = frozenset(int(i) for i in stop_ids) | frozenset(int(i) for i in eos_ids)
     self.eos_ids = frozenset(int(i) for i in eos_ids)
     self.stop_strings = tuple(stop_strings)
-    self.buckets = prompt_buckets(max_length)
+    self.buckets = engine_steps.prompt_buckets(max_length)
+    self.row_buckets = engine_steps.row_buckets(max_batch)
     self.slots = max_length + chunk_steps
     graphdef, self.state = nnx.split(model)
     jit = functools.partial(dict, graphdef=graphdef, rules=rules)
-    self._prefill = jax.jit(functools.partial(_prefill, **jit()), donate_argnums=(1, 2))
-    self._decode = jax.jit(functools.partial(_decode_chunk, steps=chunk_steps, **jit()),
-                           donate_argnums=(1, 2))
-    self._roll = jax.jit(_roll, donate_argnums=(0, 1))
+    self._prefill = jax.jit(functools.partial(engine_steps.prefill_row, **jit()),
+                            donate_argnums=(1, 2))
+    self._decode = jax.jit(
+        functools.partial(engine_steps.decode_chunk, steps=chunk_steps, **jit()),
+        donate_argnums=(1, 2))
+    self._roll = jax.jit(engine_steps.roll_rows, donate_argnums=(0, 1))
     with jax.set_mesh(mesh), sharding_lib.axis_rules(rules):
       empty = jax.jit(lambda: KVCache.init(cfg, max_batch, self.slots))()
     self.k, self.v = empty.k, empty.v
@@ -237,11 +152,13 @@ class Engine:
     return sum(f._cache_size() for f in (self._prefill, self._decode, self._roll))
 
   def warm_up(self) -> None:
-    """Compiles every prompt bucket's prefill, the decode chunk and the re-base."""
+    """Compiles every prompt bucket's prefill, every row bucket's decode chunk and the
+    re-base."""
     self.end = self.max_length
     for t in self.buckets:
       self._run_prefill([self.pad_id], 0, 0.0, 1.0, 0, t)
-    self._run_decode()
+    for n in self.row_buckets:
+      self._run_decode(n)
     with jax.set_mesh(self.mesh):
       self.k, self.v = self._roll(self.k, self.v, np.int32(0))
     self.end = 0
@@ -308,7 +225,7 @@ class Engine:
   def _fail_all(self, error: Exception) -> None:
     for i, row in enumerate(self.rows):
       if row is not None:
-        row.request.on_update(Update("", len(row.ids), "error", str(error)))
+        row.request.on_update(Update("", len(row.stream.ids), "error", str(error)))
         self._free(i)
 
   def _free(self, i: int) -> None:
@@ -357,7 +274,9 @@ class Engine:
       if self.end < bucket or self.end + self.chunk_steps > self.slots:
         self._rebase(max(self._occupied(), bucket))
       first = self._run_prefill(req.prompt_ids, i, req.temperature, req.top_p, req.seed, bucket)
-      self.rows[i] = _Row(handle, [], tuple(self.stop_strings) + tuple(req.stop_strings))
+      self.rows[i] = _Row(handle, RowStream(self.tokenizer, req.max_tokens, self.stop_ids,
+                                            self.eos_ids,
+                                            self.stop_strings + tuple(req.stop_strings)))
       self.row_start[i] = self.end - len(req.prompt_ids)
       self.positions[i] = len(req.prompt_ids)
       self.temperature[i], self.top_p[i] = req.temperature, req.top_p
@@ -365,69 +284,44 @@ class Engine:
       self.last[i] = first
       self._deliver(i, [first])
 
-  def _run_decode(self) -> np.ndarray:
+  def _run_decode(self, n: int) -> np.ndarray:
+    """A decode chunk for rows [0, n): tokens [n, chunk_steps]."""
     with jax.set_mesh(self.mesh):
       self.k, self.v, tokens = self._decode(
-          self.state, self.k, self.v, np.int32(self.end), self.row_start, self.last,
-          self.positions, self.temperature, self.top_p, self.seeds, self.counters)
+          self.state, self.k, self.v, np.int32(self.end),
+          *(a[:n] for a in (self.row_start, self.last, self.positions, self.temperature,
+                            self.top_p, self.seeds, self.counters)))
     return np.asarray(jax.device_get(tokens))
 
   def _step(self) -> None:
     for i, row in enumerate(self.rows):
       if row is not None and row.handle.cancelled:
         self.stats["cancelled"] += 1
-        self.stats["generated_tokens"] += len(row.ids)
+        self.stats["generated_tokens"] += len(row.stream.ids)
         self._free(i)
     if not self.busy_rows:
       return
     if self.end + self.chunk_steps > self.slots:
       self._rebase(self._occupied())
-    tokens = self._run_decode()
+    # Rows are taken lowest first, so the live ones sit in a prefix of the cache.
+    live = max(i for i, r in enumerate(self.rows) if r is not None) + 1
+    n = next(b for b in self.row_buckets if b >= live)
+    tokens = self._run_decode(n)
     self.end += self.chunk_steps
-    self.positions += self.chunk_steps
-    self.counters += self.chunk_steps
-    self.last = tokens[:, -1].copy()
+    self.positions[:n] += self.chunk_steps
+    self.counters[:n] += self.chunk_steps
+    self.last[:n] = tokens[:, -1]
     self.stats["chunks"] += 1
-    for i, row in enumerate(self.rows):
+    for i, row in enumerate(self.rows[:n]):
       if row is not None:
         self._deliver(i, tokens[i].tolist())
 
-  # -- text ------------------------------------------------------------------------
-
   def _deliver(self, i: int, new: list[int]) -> None:
-    """Appends a row's new tokens; ends the row at a stop or its budget; sends text."""
+    """Feeds a row's new tokens to its stream; sends its update; frees it when finished."""
     row = self.rows[i]
-    req = row.request
-    finish = None
-    for t in new:
-      row.ids.append(int(t))
-      if t in self.stop_ids:
-        finish = "stop"
-        break
-      if len(row.ids) >= req.max_tokens:
-        finish = "length"
-        break
-    shown = row.ids[:-1] if row.ids[-1] in self.eos_ids else row.ids
-    text = self.tokenizer.decode(shown, skip_special_tokens=False)
-    text, cut = cut_at_stop(text, row.stop_strings)
-    if cut:
-      finish = "stop"
-      row.ids = self._ids_to_stop(row)
-    if finish is None:
-      visible = text[:len(text) - _held_back(text, row.held_back)]
-      if len(visible) > len(row.emitted) and visible.startswith(row.emitted):
-        req.on_update(Update(visible[len(row.emitted):], len(row.ids)))
-        row.emitted = visible
-      return
-    req.on_update(Update(text[len(row.emitted):] if text.startswith(row.emitted) else "",
-                         len(row.ids), finish, text))
-    self.stats["generated_tokens"] += len(row.ids)
-    self._free(i)
-
-  def _ids_to_stop(self, row: _Row) -> list[int]:
-    """The shortest prefix of the row's ids whose text holds a stop string."""
-    for n in range(1, len(row.ids) + 1):
-      text = self.tokenizer.decode(row.ids[:n], skip_special_tokens=False)
-      if cut_at_stop(text, row.stop_strings)[1]:
-        return row.ids[:n]
-    return row.ids
+    update = row.stream.add(new)
+    if update is not None:
+      row.request.on_update(update)
+    if row.stream.finished:
+      self.stats["generated_tokens"] += len(row.stream.ids)
+      self._free(i)

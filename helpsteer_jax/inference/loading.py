@@ -17,6 +17,7 @@ export of the checkpoint's training run.
 from __future__ import annotations
 
 import pathlib
+from typing import Any
 
 import jax
 import ml_collections
@@ -63,6 +64,16 @@ def load_model(config: ml_collections.ConfigDict, rt: runtime.Runtime) -> nnx.Mo
   params, _ = ckpt_lib.restore_params(directory, target, step)
   nnx.replace_by_pure_dict(abstract, params)
   return nnx.merge(graphdef, abstract)
+
+
+def load_with_tokenizer(config: ml_collections.ConfigDict, rt: runtime.Runtime,
+                        workdir: str | pathlib.Path) -> tuple[nnx.Module, Any, int]:
+  """(`load_model`'s model, its tokenizer checked against it, the pad id: 0 when none)."""
+  tokenizer = hf.load_tokenizer(tokenizer_dir(config, workdir))
+  model = load_model(config, rt)
+  runtime.check_tokenizer_fits(tokenizer, model.cfg.vocab_size, "use the training run's tokenizer")
+  pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+  return model, tokenizer, int(pad)
 
 
 def tokenizer_dir(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> str:

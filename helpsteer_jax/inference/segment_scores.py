@@ -16,9 +16,10 @@ Scores are clipped to [0, score_max]. The README explains the default.
 
 Several processes: every process reads and segments all pairs. The built-in
 attribute model (a `MeshScorer`) is called on every process with the same
-texts and shards each batch over the mesh; a user's host-side scorer gets
-only this process's contiguous share of the texts, and the predictions are
-gathered, so every process ends with all scores (process 0 writes them).
+texts and shards each batch over the mesh; a host-side scorer (a user's, or
+`http`) gets only this process's contiguous share of each batch, and the
+predictions are gathered, so every process ends with all scores (process 0
+writes them).
 """
 
 from __future__ import annotations
@@ -34,11 +35,8 @@ from helpsteer_jax.data.formats.helpsteer_2d import PlainPair, ScoredPair, Score
 from helpsteer_jax.data.records import ATTRIBUTES, HELPSTEER_ATTRIBUTES, Conversation
 from helpsteer_jax.data.template import regression_text
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.inference.attribute_scorer import (
-  AttributeScorer,
-  MeshScorer,
-  checked_predictions,
-)
+from helpsteer_jax.inference import attribute_scorer
+from helpsteer_jax.inference.attribute_scorer import AttributeScorer, MeshScorer, as_mesh_scorer
 from helpsteer_jax.train import metrics as metrics_lib
 
 MODES = ("in_context", "prefix_difference")
@@ -59,35 +57,15 @@ def prefix_texts(prompt: str, response: str, spans: Sequence[tuple[int, int]]) -
 
 def predict(convs: Sequence[Conversation], scorer: AttributeScorer | MeshScorer,
             batch_size: int) -> np.ndarray:
-  """[n, 9] predictions for the last response of every conversation, on every process.
-
-  A `MeshScorer` (the built-in attribute model) gets every call on every
-  process and splits each batch over the mesh itself. Any other scorer is
-  host-side Python: process p scores its contiguous share of the texts, in
-  calls of `batch_size`, and the shares are gathered.
-  """
-  on_mesh = hasattr(scorer, "score_conversations")
-  share = slice(None) if on_mesh else multihost.process_share(len(convs))
-  progress = metrics_lib.Progress(total=len(convs[share]), initial=0, desc="build_2d")
-
-  def score(mine: Sequence[Conversation]) -> np.ndarray:
-    out = [np.zeros((0, len(ATTRIBUTES)), np.float32)]
-    for start in range(0, len(mine), batch_size):
-      batch = mine[start:start + batch_size]
-      if on_mesh:
-        out.append(checked_predictions(scorer.score_conversations(batch), len(batch)))
-      else:
-        out.append(checked_predictions(scorer([regression_text(c) for c in batch]),
-                                       len(batch)))
-      progress.update(len(batch))
-    return np.concatenate(out)
-
+  """[n, 9] predictions for the last response of every conversation, on every process
+  (`attribute_scorer.predict` through `as_mesh_scorer`), with a progress bar."""
+  scorer = as_mesh_scorer(scorer)
+  progress = metrics_lib.Progress(total=len(convs), initial=0, desc="build_2d")
   try:
-    preds = score(convs) if on_mesh else multihost.split_map(score, convs, len(ATTRIBUTES))
+    preds = attribute_scorer.predict(convs, scorer, batch_size, progress.update)
   finally:
     progress.close()
-  multihost.report_split("build_2d: texts scored",
-                         scorer.local_rows if on_mesh else len(convs[share]))
+  multihost.report_split("build_2d: texts scored", scorer.local_rows)
   return preds
 
 

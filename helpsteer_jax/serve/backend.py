@@ -65,10 +65,7 @@ class Policy:
 def load_policy(config: ml_collections.ConfigDict, rt: runtime.Runtime,
                 workdir: pathlib.Path) -> Policy:
   """The model (HF directory or Orbax checkpoint) behind a warmed-up `Engine`."""
-  tokenizer = hf.load_tokenizer(loading.tokenizer_dir(config, workdir))
-  model = loading.load_model(config, rt)
-  runtime.check_tokenizer_fits(tokenizer, model.cfg.vocab_size, "use the training run's tokenizer")
-  pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+  model, tokenizer, pad = loading.load_with_tokenizer(config, rt, workdir)
   stops = tuple(config.stop_strings)
   eos = eos_ids(tokenizer, model.cfg.eos_token_id)
   serve = config.serve

@@ -1,5 +1,9 @@
 """Annotation (SteerLM step 2): label conversations with the attribute model.
 
+The scorer is `common.configured_scorer`'s: the project's attribute model
+(the default, on the mesh), a server's (`scorer.factory=http`,
+`scorer.checkpoint=http://host:port/v1`) or a user's function.
+
 Reads SteerLM conversations or HelpSteer-style rows, predicts the nine
 attributes of every assistant turn (the conversation up to that turn in the
 regression format), clips to 0..4, rounds, and writes each turn's label
@@ -12,7 +16,8 @@ duplicated or lost.
 
 Several processes: every process reads and tokenizes the input, each feeds
 only its devices' rows of every scoring batch (the batch is sharded over the
-mesh), and process 0 alone decides where to resume and writes the output.
+mesh; a host-side scorer gets each process's share of it), and process 0
+alone decides where to resume and writes the output.
 """
 
 from __future__ import annotations
@@ -21,16 +26,16 @@ import pathlib
 from typing import Sequence
 
 import ml_collections
+import numpy as np
 
-from helpsteer_jax import multihost, resume, reward_runtime
+from helpsteer_jax import multihost, resume, runtime
 from helpsteer_jax.data.formats import helpsteer
 from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.data.template import label_string
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.eval import rm_eval
 from helpsteer_jax.eval.rm_metrics import rounded
-from helpsteer_jax.inference.scoring import RewardModelScorer
+from helpsteer_jax.inference.attribute_scorer import MeshScorer, predict
 from helpsteer_jax.tasks import common
 from helpsteer_jax.train import metrics as metrics_lib
 
@@ -73,9 +78,13 @@ def attribute_selection(spec: str) -> list[int]:
   return [ATTRIBUTES.index(n) for n in names]
 
 
-def annotate(convs: Sequence[Conversation], scorer: RewardModelScorer, tok, out_path: pathlib.Path,
-             chunk_rows: int, slots: Sequence[int]) -> dict:
-  """Labels and appends the rows not yet in `out_path`; returns counts."""
+def annotate(convs: Sequence[Conversation], scorer: MeshScorer, out_path: pathlib.Path,
+             chunk_rows: int, slots: Sequence[int], batch_size: int = 512) -> dict:
+  """Labels and appends the rows not yet in `out_path`; returns counts.
+
+  Each chunk's turns are scored in calls of `batch_size` (a rerun scores the
+  chunk it stopped in whole, so its batches are those of an uninterrupted run).
+  """
   start = resume.resume_point(out_path, convs, _same_text, "data.output_path")
   first = resume.batch_start(start, chunk_rows, len(convs))
   todo = _targets(convs[first:])
@@ -87,14 +96,14 @@ def annotate(convs: Sequence[Conversation], scorer: RewardModelScorer, tok, out_
       for lo in range(first, len(convs), chunk_rows):
         chunk = convs[lo:lo + chunk_rows]
         targets = _targets(chunk)
-        preds, kept = rm_eval.score_conversations(scorer, tok, [p for _, _, p in targets],
-                                                  progress.update)
-        preds = rounded(preds)
-        counts["unscored_turns"] += len(targets) - len(kept)
+        preds = predict([p for _, _, p in targets], scorer, batch_size, progress.update)
+        scored = ~np.isnan(preds).any(axis=1)
+        counts["unscored_turns"] += int((~scored).sum())
+        preds = rounded(np.where(scored[:, None], preds, 0.0))
         labels: list[dict[int, str]] = [{} for _ in chunk]
-        for row, i in enumerate(kept):
+        for i in np.flatnonzero(scored):
           c, t, _ = targets[i]
-          labels[c][t] = label_string({ATTRIBUTES[j]: int(preds[row, j]) for j in slots})
+          labels[c][t] = label_string({ATTRIBUTES[j]: int(preds[i, j]) for j in slots})
         # The chunk the last run stopped in is scored whole, as it was then.
         new = [(conv, lab) for r, (conv, lab) in enumerate(zip(chunk, labels), lo) if r >= start]
         writer.write(steerlm_row(_labelled(conv, lab)) for conv, lab in new)
@@ -105,23 +114,24 @@ def annotate(convs: Sequence[Conversation], scorer: RewardModelScorer, tok, out_
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  reward_runtime.require_trained(config, "annotation")
   slots = attribute_selection(config.attributes)
-  setup = common.prepare(config, workdir, model=False)
-  source = config.data.input_path or common.helpsteer_sources(config, setup.workdir)[0]
+  workdir = pathlib.Path(workdir)
+  runtime.check_workdir(workdir)
+  scorer = common.configured_scorer(config, workdir, "annotation")
+  source = config.data.input_path or common.helpsteer_sources(config, workdir)[0]
   report = BadRecordReport()
   convs = helpsteer.read_records(source, split=config.data.input_split, fmt=config.data.format,
                                  on_bad_record=config.data.on_bad_record, report=report)
   if config.data.max_rows:
     convs = convs[:config.data.max_rows]
-  out_path = pathlib.Path(config.data.output_path or setup.workdir / "annotated.jsonl")
+  out_path = pathlib.Path(config.data.output_path or workdir / "annotated.jsonl")
   out_path.parent.mkdir(parents=True, exist_ok=True)
-  scorer, tok = reward_runtime.build_scorer(config, setup.rt, setup.tokenizer)
-  counts = annotate(convs, scorer, tok, out_path, config.data.chunk_rows, slots)
+  counts = annotate(convs, scorer, out_path, config.data.chunk_rows, slots,
+                    config.scorer.batch)
   counts["bad_records"] = report.total
   multihost.report_split("annotate: sequences scored", scorer.local_rows)
   common.write_summary(
-      setup.workdir / "annotate_summary.json", counts,
+      workdir / "annotate_summary.json", counts,
       f"annotate: {counts['written']} rows written to {out_path}"
       f" ({counts['already_written']} already there, {counts['turns']} turns scored,"
       f" {counts['unscored_turns']} too long to score, {report.total} bad records"

@@ -3,7 +3,8 @@
 `prepare` is the preamble (mesh and rules, a writable workdir, the tokenizer
 and the model config checked against each other). The `*_sources` helpers
 return the configured data, or write the demo data once (process 0) and
-return it. `hf_exporter` is the end-of-training HF export (with the SteerLM
+return it. `configured_scorer` is the attribute scorer of annotate and
+build_2d. `hf_exporter` is the end-of-training HF export (with the SteerLM
 chat template of the run's attributes); `write_summary` writes a task's JSON
 summary from process 0.
 """
@@ -21,10 +22,17 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from helpsteer_jax import runtime
+from helpsteer_jax import reward_runtime, runtime
 from helpsteer_jax.data import chat_template
 from helpsteer_jax.data.demo import pairs_2d as demo_pairs_2d
 from helpsteer_jax.data.demo import rows as demo_rows
+from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.inference.attribute_scorer import (
+  SCORERS,
+  MeshScorer,
+  as_mesh_scorer,
+  load_scorer,
+)
 from helpsteer_jax.models import hf
 from helpsteer_jax.models.config import ModelConfig
 from helpsteer_jax.train import state as state_lib
@@ -88,6 +96,36 @@ def demo_2d_files(workdir: pathlib.Path, num_train: int, num_validation: int) ->
   return str(demo_dir / "train.jsonl"), str(demo_dir / "validation.jsonl")
 
 
+# ---------------------------------------------------------------- the attribute scorer
+
+def configured_scorer(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
+                      what: str) -> MeshScorer:
+  """The attribute scorer `config.scorer.factory` names, called on every process.
+
+  `attribute_model`: the project's attribute model (`init.checkpoint` /
+  `model.hf_path`, an Orbax run or its HF export) sharded over the mesh. A
+  registered name (`http`: a `configs/serve.py` server's attribute model, its
+  base URL in `scorer.checkpoint`) or `package.module:function` (called with
+  `config.scorer`) is host-side: each process scores its share of a batch.
+  """
+  factory = config.scorer.factory
+  if not factory:
+    raise ConfigError(f"{what} needs an attribute scorer: set --config.scorer.factory="
+                      f"{reward_runtime.ATTRIBUTE_MODEL} (the project's attribute model, from"
+                      " --config.init.checkpoint=<attribute_model run or its HF export>),"
+                      " http (with --config.scorer.checkpoint=http://host:port/v1, a server"
+                      " started with an attribute model) or package.module:function (a"
+                      " function taking config.scorer and returning texts -> [n, 9]"
+                      " predictions)")
+  if factory != reward_runtime.ATTRIBUTE_MODEL:
+    arg = config.scorer.checkpoint if factory in SCORERS else config.scorer
+    return as_mesh_scorer(load_scorer(factory, arg, key="scorer.factory"))
+  reward_runtime.require_trained(config, what)
+  setup = prepare(config, workdir, model=False)
+  return reward_runtime.AttributeModelScorer(
+      *reward_runtime.build_scorer(config, setup.rt, setup.tokenizer))
+
+
 # ---------------------------------------------------------------- outputs
 
 
@@ -107,7 +145,8 @@ def hf_exporter(setup: TaskSetup, parts: state_lib.ModelParts, config: ml_collec
     save(state_lib.merge_model(parts, params), out, dtype=config.train.export_dtype,
          tokenizer=setup.tokenizer_dir)
     if steer is not None and jax.process_index() == 0:
-      chat_template.export_files(steer, out, add_bos=config.data.add_bos)
+      chat_template.export_files(steer, out, add_bos=config.data.add_bos,
+                                 turn_marker=chat_template.turn_marker_id(setup.tokenizer))
     logging.info("exported the %s to %s (steerable attributes: %s)", what, out,
                  ", ".join(steer.attributes) if steer else "none")
 

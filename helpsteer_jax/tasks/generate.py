@@ -35,11 +35,9 @@ from helpsteer_jax.inference.attribute_scorer import load_scorer
 from helpsteer_jax.inference.decode import Sampler
 from helpsteer_jax.inference.generator import Generator
 from helpsteer_jax.inference.sampling import SamplingConfig
-from helpsteer_jax.models import hf
 from helpsteer_jax.tasks import common
 
 MODES = ("file", "chat")
-ATTRIBUTE_MODEL = "attribute_model"  # best_of_n.scorer: the project's attribute model
 
 
 def sampling_config(config: ml_collections.ConfigDict) -> SamplingConfig:
@@ -57,10 +55,7 @@ def read_input(config: ml_collections.ConfigDict, attributes: dict[str, int]) ->
 
 def build_generator(config: ml_collections.ConfigDict, rt: runtime.Runtime,
                     workdir: pathlib.Path) -> Generator:
-  tokenizer = hf.load_tokenizer(loading.tokenizer_dir(config, workdir))
-  model = loading.load_model(config, rt)
-  runtime.check_tokenizer_fits(tokenizer, model.cfg.vocab_size, "use the training run's tokenizer")
-  pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+  model, tokenizer, pad = loading.load_with_tokenizer(config, rt, workdir)
   # Files decode full batches (one compile); chat decodes one conversation.
   min_batch = config.batch_size if config.mode == "file" else 1
   sampler = Sampler(model, rt.mesh, rt.rules, max_length=config.max_length or None,
@@ -94,7 +89,7 @@ def best_of_n_scorer(config: ml_collections.ConfigDict, rt: runtime.Runtime):
   bon = config.best_of_n
   if bon.n <= 1:
     return None
-  if bon.scorer == ATTRIBUTE_MODEL:
+  if bon.scorer == reward_runtime.ATTRIBUTE_MODEL:
     return reward_runtime.text_scorer(bon.scorer_path, rt, batch_size=config.batch_size,
                                       key="best_of_n.scorer_path")
   return load_scorer(bon.scorer, bon.scorer_path, key="best_of_n.scorer")
