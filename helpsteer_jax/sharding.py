@@ -39,6 +39,7 @@ DEFAULT_RULES: Rules = (
     ("layers", None),
     ("segments", None),
     ("attributes", None),
+    ("lora_rank", None),
 )
 
 

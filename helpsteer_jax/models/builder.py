@@ -3,6 +3,7 @@ shapes, sharding specs and sharded materialisation."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Callable
 
@@ -12,8 +13,10 @@ from jax.sharding import Mesh, NamedSharding
 
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.models import families
+from helpsteer_jax.models import lora as lora_lib
 from helpsteer_jax.models.config import ModelConfig
 from helpsteer_jax.models.layers import LOGICAL_AXES
+from helpsteer_jax.models.lora import LoraConfig
 
 
 def _is_var(x: Any) -> bool:
@@ -120,3 +123,71 @@ def init_model(cfg: ModelConfig, mesh: Mesh, rules: sharding_lib.Rules,
   """A randomly initialised, sharded model of `cfg`'s family."""
   validate_model_on_mesh(cfg, mesh, rules)
   return materialize(lambda: new_model(cfg, seed), mesh, rules)
+
+
+# ---------------------------------------------------------------------------
+# LoRA adapters (models/lora.py).
+
+
+def with_adapters(model: nnx.Module, lora_cfg: LoraConfig, mesh: Mesh, rules: sharding_lib.Rules,
+                  seed: int = 0, base_dtype: str | None = None,
+                  adapters: dict | None = None) -> nnx.Module:
+  """`model` with LoRA adapters on its targeted projections: fresh ones (PEFT's
+  initialisation, born sharded) or `adapters` (a pure dict of `nnx.LoRAParam`
+  values, e.g. read from a PEFT directory). The model's own weights are reused,
+  cast to `base_dtype` when given (bf16 base weights under fp32 adapters)."""
+  cfg = dataclasses.replace(model.cfg, lora=lora_cfg)
+  graphdef, abstract = abstract_module(lambda: new_model(cfg, seed))
+  validate_state_sharding(abstract, mesh, rules)
+  _, lora_abstract, _ = nnx.split(nnx.eval_shape(lambda: new_model(cfg, seed)),
+                                  nnx.LoRAParam, ...)
+  shardings = nnx.to_pure_dict(state_shardings(lora_abstract, mesh, rules))
+  with jax.set_mesh(mesh):
+    if adapters is None:
+      adapters = jax.jit(lambda: nnx.to_pure_dict(nnx.state(new_model(cfg, seed), nnx.LoRAParam)),
+                         out_shardings=shardings)()
+    else:
+      adapters = jax.tree.map(lambda x, s: jax.device_put(jax.numpy.asarray(x, "float32"), s),
+                              adapters, shardings)
+  _, params, rest = nnx.split(model, nnx.Param, ...)
+  params = nnx.to_pure_dict(params)
+  if base_dtype:
+    with jax.set_mesh(mesh):
+      params = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(base_dtype), p),
+                       donate_argnums=0)(params)
+  return nnx.merge(graphdef, adapters, params, rest)
+
+
+def adapter_params(model: nnx.Module) -> dict:
+  """The model's LoRA adapters as a pure dict (empty without LoRA)."""
+  return nnx.to_pure_dict(nnx.state(model, nnx.LoRAParam))
+
+
+def merge_adapters(model: nnx.Module, dtype: str | None = None) -> nnx.Module:
+  """A model without adapters whose targeted weights are W + (alpha / rank) A B
+  (PEFT's `merge_and_unload`), computed in fp32 and stored in `dtype` (default:
+  the weight's own)."""
+  lc = model.cfg.lora
+  if lc is None:
+    return model
+  base_cfg = dataclasses.replace(model.cfg, lora=None)
+  graphdef, _ = abstract_model(base_cfg)
+  _, adapters, params, rest = nnx.split(model, nnx.LoRAParam, nnx.Param, ...)
+  adapters, params = nnx.to_pure_dict(adapters), nnx.to_pure_dict(params)
+
+  @jax.jit
+  def merged(params, adapters):
+    params = jax.tree.map(lambda x: x, params)
+    for target in lc.targets:
+      block, name = lora_lib.TARGETS[target]
+      w = params["layers"][block][name]
+      ab = adapters["layers"][block][f"{target}_lora"]
+      a, b = ab["lora_a"], ab["lora_b"]
+      layers, rank = a.shape[0], a.shape[-1]
+      delta = jax.numpy.einsum("lir,lro->lio", a.reshape(layers, -1, rank),
+                               b.reshape(layers, rank, -1)) * lc.scale
+      new = w.astype("float32") + delta.reshape(w.shape)
+      params["layers"][block][name] = new.astype(dtype or w.dtype)
+    return params
+
+  return nnx.merge(graphdef, merged(params, adapters), rest)

@@ -8,6 +8,7 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 
 from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.models.lora import LoraConfig
 
 REMAT_POLICIES = ("none", "full", "save_dots", "save_dots_no_batch")
 ATTENTION_IMPLS = ("xla", "blockwise", "splash", "cudnn")
@@ -77,6 +78,7 @@ class ModelConfig:
   attention_impl: str = "xla"
   attention_block_size: int = 128
   logits_chunk_size: int = 256  # sequence chunk of `Llama.logits` (0 = one GEMM)
+  lora: LoraConfig | None = None  # adapters on the projections (models/lora.py)
 
   def __post_init__(self):
     if self.head_dim is None:

@@ -13,10 +13,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from helpsteer_jax.models import attention as attention_lib
-from helpsteer_jax.models import kv_cache
+from helpsteer_jax.models import kv_cache, lora
 from helpsteer_jax.models.config import ModelConfig
 from helpsteer_jax.models.rope import apply_rope
-from helpsteer_jax.models.swiglu import gated_mlp
+from helpsteer_jax.models.swiglu import apply_activation, gated_mlp
 from helpsteer_jax.sharding import constrain
 
 LOGICAL_AXES = "logical_axes"
@@ -65,6 +65,15 @@ class Attention(nnx.Module):
     self.k_proj = param(rngs, (d, k, hd), ("embed", "kv_heads", "head_dim"), cfg)
     self.v_proj = param(rngs, (d, k, hd), ("embed", "kv_heads", "head_dim"), cfg)
     self.o_proj = param(rngs, (h, hd, d), ("heads", "head_dim", "embed"), cfg)
+    lc = cfg.lora
+    self.q_lora = lora.maybe_adapter(lc, "q", (d,), ("embed",), (h, hd), ("heads", "head_dim"),
+                                     rngs)
+    self.k_lora = lora.maybe_adapter(lc, "k", (d,), ("embed",), (k, hd),
+                                     ("kv_heads", "head_dim"), rngs)
+    self.v_lora = lora.maybe_adapter(lc, "v", (d,), ("embed",), (k, hd),
+                                     ("kv_heads", "head_dim"), rngs)
+    self.o_lora = lora.maybe_adapter(lc, "o", (h, hd), ("heads", "head_dim"), (d,), ("embed",),
+                                     rngs)
     if cfg.attention_bias:
       self.q_bias = param(None, (h, hd), ("heads", "head_dim"), cfg, "zeros")
       self.k_bias = param(None, (k, hd), ("kv_heads", "head_dim"), cfg, "zeros")
@@ -75,9 +84,9 @@ class Attention(nnx.Module):
 
   def project_qkv(self, x: jax.Array, cos: jax.Array, sin: jax.Array):
     dt = self.cfg.compute_dtype
-    q = jnp.einsum("btd,dhk->bthk", x, _w(self.q_proj, dt))
-    k = jnp.einsum("btd,dhk->bthk", x, _w(self.k_proj, dt))
-    v = jnp.einsum("btd,dhk->bthk", x, _w(self.v_proj, dt))
+    q = lora.add(jnp.einsum("btd,dhk->bthk", x, _w(self.q_proj, dt)), self.q_lora, x)
+    k = lora.add(jnp.einsum("btd,dhk->bthk", x, _w(self.k_proj, dt)), self.k_lora, x)
+    v = lora.add(jnp.einsum("btd,dhk->bthk", x, _w(self.v_proj, dt)), self.v_lora, x)
     if self.cfg.attention_bias:
       q = q + _w(self.q_bias, dt)
       k = k + _w(self.k_bias, dt)
@@ -91,7 +100,8 @@ class Attention(nnx.Module):
     return q, k, v
 
   def output(self, attn: jax.Array) -> jax.Array:
-    return jnp.einsum("bthk,hkd->btd", attn, _w(self.o_proj, self.cfg.compute_dtype))
+    out = jnp.einsum("bthk,hkd->btd", attn, _w(self.o_proj, self.cfg.compute_dtype))
+    return lora.add(out, self.o_lora, attn)
 
   def _knobs(self, window: int | None) -> dict:
     return dict(scale=self.cfg.attention_scale, window=window,
@@ -133,11 +143,23 @@ class MLP(nnx.Module):
     self.gate_proj = param(rngs, (d, f), ("embed", "mlp"), cfg)
     self.up_proj = param(rngs, (d, f), ("embed", "mlp"), cfg)
     self.down_proj = param(rngs, (f, d), ("mlp", "embed"), cfg)
+    lc = cfg.lora
+    self.gate_lora = lora.maybe_adapter(lc, "gate", (d,), ("embed",), (f,), ("mlp",), rngs)
+    self.up_lora = lora.maybe_adapter(lc, "up", (d,), ("embed",), (f,), ("mlp",), rngs)
+    self.down_lora = lora.maybe_adapter(lc, "down", (f,), ("mlp",), (d,), ("embed",), rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     dt = self.cfg.compute_dtype
-    return gated_mlp(x, _w(self.gate_proj, dt), _w(self.up_proj, dt), _w(self.down_proj, dt),
-                     self.cfg.mlp_activation)
+    w_gate, w_up, w_down = _w(self.gate_proj, dt), _w(self.up_proj, dt), _w(self.down_proj, dt)
+    adapters = (self.gate_lora, self.up_lora, self.down_lora)
+    if not lora.enabled() or all(a is None for a in adapters):
+      return gated_mlp(x, w_gate, w_up, w_down, self.cfg.mlp_activation)
+    # With adapters, autodiff: the frozen weights' gradients are never formed.
+    gate = lora.add(x @ w_gate, self.gate_lora, x)
+    up = lora.add(x @ w_up, self.up_lora, x)
+    hidden = apply_activation(gate, self.cfg.mlp_activation) * up
+    hidden = constrain(hidden, ("batch", "length", "mlp"))
+    return lora.add(hidden @ w_down, self.down_lora, hidden)
 
 
 class DecoderLayer(nnx.Module):

@@ -29,7 +29,8 @@ _HIDDEN_AXES = ("batch", "length", "mlp")
 _GELU_C = math.sqrt(2 / math.pi)
 
 
-def _act(gate: jax.Array, activation: str) -> jax.Array:
+def apply_activation(gate: jax.Array, activation: str) -> jax.Array:
+  """act(gate): SiLU or HF's gelu_pytorch_tanh."""
   if activation == "silu":
     return jax.nn.silu(gate)
   return jax.nn.gelu(gate, approximate=True)  # HF's gelu_pytorch_tanh
@@ -58,7 +59,7 @@ def swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) 
 def _forward(x, w_gate, w_up, w_down, activation):
   gate = x @ w_gate
   up = x @ w_up
-  hidden = constrain(_act(gate, activation) * up, _HIDDEN_AXES)
+  hidden = constrain(apply_activation(gate, activation) * up, _HIDDEN_AXES)
   return hidden @ w_down, (x, gate, up, w_gate, w_up, w_down)
 
 
@@ -67,7 +68,7 @@ def _backward(activation, residuals, dy):
   lead = x.shape[:-1]
   x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
   gate2, up2 = gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1])
-  act = _act(gate2, activation)  # as in the forward
+  act = apply_activation(gate2, activation)  # as in the forward
   g32 = gate2.astype(jnp.float32)
   d_hidden = dy2 @ w_down.T
   d_hidden = constrain(d_hidden.reshape(lead + d_hidden.shape[-1:]), _HIDDEN_AXES)
