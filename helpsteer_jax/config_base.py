@@ -15,7 +15,9 @@ from ml_collections.config_dict import placeholder
 
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.models import lora as lora_lib
 from helpsteer_jax.models.config import ModelConfig
+from helpsteer_jax.models.lora import LoraConfig
 from helpsteer_jax.models.presets import get_preset
 
 # ModelConfig fields a user may override from the command line.
@@ -40,8 +42,46 @@ def model_section(preset: str = "tiny", **knobs: Any) -> ml_collections.ConfigDi
   cfg.attention_block_size = 128
   for name, typ in _SHAPE_FIELDS.items():
     setattr(cfg, name, placeholder(typ))
+  cfg.lora = lora_section()
   cfg.update(knobs)
   return cfg
+
+
+def lora_section(**overrides: Any) -> ml_collections.ConfigDict:
+  """`config.model.lora`: LoRA adapters (models/lora.py); rank 0 = full fine-tuning."""
+  cfg = ml_collections.ConfigDict(dict(
+      rank=0,
+      alpha=16.0,             # scale alpha / rank
+      dropout=0.0,
+      targets="all",          # comma-separated subset of q,k,v,o,gate,up,down
+      base_dtype="",          # e.g. "bfloat16": frozen base weights stored in it
+      adapter="",             # a PEFT LoRA directory to start from (or to generate with)
+  ))
+  cfg.update(overrides)
+  return cfg
+
+
+def lora_config(model_cfg: ml_collections.ConfigDict) -> LoraConfig | None:
+  """The `LoraConfig` of `config.model.lora` (None for rank 0 without an adapter).
+
+  An adapter directory brings its own settings; rank / alpha / targets given
+  as well must agree with it.
+  """
+  section = model_cfg.get("lora")
+  if section is None or (not section.rank and not section.adapter):
+    return None
+  if section.dropout:
+    raise ConfigError(f"model.lora.dropout={section.dropout}: dropout on the adapter input is"
+                      " not implemented; set it to 0")
+  if section.adapter:
+    from helpsteer_jax.models import peft_adapters
+    saved, _ = peft_adapters.read_config(section.adapter)
+    if section.rank and section.rank != saved.rank:
+      raise ConfigError(f"model.lora.rank={section.rank} but the adapter {section.adapter} has"
+                        f" rank {saved.rank}: drop model.lora.rank (the adapter sets it)")
+    return saved
+  return LoraConfig(rank=int(section.rank), alpha=float(section.alpha),
+                    targets=lora_lib.parse_targets(section.targets), dropout=0.0)
 
 
 def mesh_config(data: int = 1, fsdp: int = -1, tensor: int = 1) -> ml_collections.ConfigDict:
@@ -102,6 +142,7 @@ def build_model_config(model_cfg: ml_collections.ConfigDict,
     value = model_cfg.get(name)
     if value is not None:
       overrides[name] = value
+  overrides["lora"] = lora_config(model_cfg)
   if base is not None:
     _check_checkpoint_shape(model_cfg, base, overrides)
     return dataclasses.replace(base, **overrides)

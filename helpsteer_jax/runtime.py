@@ -17,6 +17,7 @@ from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import builder
 from helpsteer_jax.models.config import ModelConfig
+from helpsteer_jax.models.lora import LoraConfig
 
 
 @dataclasses.dataclass
@@ -57,13 +58,31 @@ def model_config(config: ml_collections.ConfigDict, weights: bool = True) -> Mod
 
 
 def build_model(config: ml_collections.ConfigDict, rt: Runtime) -> nnx.Module:
-  """The sharded model: imported from `model.hf_path` or randomly initialised."""
+  """The sharded model: imported from `model.hf_path` or randomly initialised, with
+  LoRA adapters (`model.lora`: fresh, or read from `model.lora.adapter`) when set."""
   cfg = model_config(config)
   builder.validate_model_on_mesh(cfg, rt.mesh, rt.rules)
+  base_cfg = dataclasses.replace(cfg, lora=None)
   if config.model.hf_path:
     from helpsteer_jax.models import hf
-    return nnx.merge(*hf.load_hf_state(config.model.hf_path, cfg, rt.mesh, rt.rules))
-  return builder.init_model(cfg, rt.mesh, rt.rules, seed=config.seed)
+    model = nnx.merge(*hf.load_hf_state(config.model.hf_path, base_cfg, rt.mesh, rt.rules))
+  else:
+    model = builder.init_model(base_cfg, rt.mesh, rt.rules, seed=config.seed)
+  return attach_adapters(config, model, rt, cfg.lora)
+
+
+def attach_adapters(config: ml_collections.ConfigDict, model: nnx.Module, rt: Runtime,
+                    lora: LoraConfig | None) -> nnx.Module:
+  """`model` (without adapters) with `model.lora`'s adapters, if any."""
+  if lora is None:
+    return model
+  adapters = None
+  section = config.model.lora
+  if section.adapter:
+    from helpsteer_jax.models import peft_adapters
+    _, adapters = peft_adapters.read_adapters(section.adapter, model.cfg)
+  return builder.with_adapters(model, lora, rt.mesh, rt.rules, seed=config.seed,
+                               base_dtype=section.base_dtype or None, adapters=adapters)
 
 
 def tokenizer_dir(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> str:

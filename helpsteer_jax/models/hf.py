@@ -304,15 +304,20 @@ def write_checkpoint(model: nnx.Module, order: list[tuple[str, ParamMapping, int
       json.dump(content, f, indent=2)
       f.write("\n")
   if tokenizer is not None:
-    if not hasattr(tokenizer, "save_pretrained") and _bare_sentencepiece(os.fspath(tokenizer)):
-      # Saved through its class, the export names it (tokenizer_config.json):
-      # AutoTokenizer would otherwise drop SentencePiece's dummy prefix space.
-      tokenizer = load_tokenizer(tokenizer)
-    if hasattr(tokenizer, "save_pretrained"):
-      tokenizer.save_pretrained(out_dir)
-    else:
-      copy_tokenizer_files(tokenizer, out_dir)
+    save_tokenizer(tokenizer, out_dir)
   return names
+
+
+def save_tokenizer(tokenizer: Any, out_dir: str | os.PathLike) -> None:
+  """A tokenizer directory's files (or an object with `save_pretrained`) into `out_dir`."""
+  if not hasattr(tokenizer, "save_pretrained") and _bare_sentencepiece(os.fspath(tokenizer)):
+    # Saved through its class, the export names it (tokenizer_config.json):
+    # AutoTokenizer would otherwise drop SentencePiece's dummy prefix space.
+    tokenizer = load_tokenizer(tokenizer)
+  if hasattr(tokenizer, "save_pretrained"):
+    tokenizer.save_pretrained(out_dir)
+  else:
+    copy_tokenizer_files(tokenizer, out_dir)
 
 
 def _bare_sentencepiece(path: str) -> bool:

@@ -18,7 +18,6 @@ import pathlib
 import jax
 import ml_collections
 from absl import logging
-from flax import nnx
 
 from helpsteer_jax import reward_runtime, runtime
 from helpsteer_jax.data.batches import BT_BATCH, REGRESSION_BATCH, BatchSchema
@@ -152,7 +151,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   params = trainer.state.params
   if jax.process_index() == 0:
     reward_runtime.save_head(workdir / reward_runtime.HEAD_FILE, params["head"])
-  trained = nnx.merge(parts.graphdef, params, parts.rest)
+  trained = state_lib.merge_model(parts, params)
   final, table = final_evaluation(config, trained, rt, setup.tokenizer, val_records)
   summary = common.training_summary(result, loss=config.loss, validation=final,
                                     data=data_report)

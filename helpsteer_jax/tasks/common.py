@@ -33,7 +33,7 @@ from helpsteer_jax.inference.attribute_scorer import (
   as_mesh_scorer,
   load_scorer,
 )
-from helpsteer_jax.models import hf
+from helpsteer_jax.models import builder, hf, peft_adapters
 from helpsteer_jax.models.config import ModelConfig
 from helpsteer_jax.train import state as state_lib
 
@@ -132,21 +132,38 @@ def configured_scorer(config: ml_collections.ConfigDict, workdir: str | pathlib.
 def hf_exporter(setup: TaskSetup, parts: state_lib.ModelParts, config: ml_collections.ConfigDict,
                 steer: chat_template.SteerSpec | None, what: str = "trained model",
                 save: Callable[..., Any] = hf.save_hf_model) -> Callable[[Any], None]:
-  """`export(params)`: the trained parameters as an HF directory in `<workdir>/hf`.
+  """`export(params)`: the trained model for HF tools.
 
-  `save(model, out, dtype=, tokenizer=)` writes it (a causal LM by default;
-  `reward_hf.save_reward_hf` for the attribute model). With `steer` (the
-  attributes the run trained with) its tokenizer carries the SteerLM chat
-  template and its config.json the `steerlm` section.
+  A full fine-tune goes to `<workdir>/hf`, written by `save(model, out,
+  dtype=, tokenizer=)` (a causal LM by default; `reward_hf.save_reward_hf`
+  for the attribute model). A LoRA run writes its adapters as a PEFT
+  directory `<workdir>/adapter` (with the tokenizer), and with
+  `train.export_merged` also the merged model to `<workdir>/hf`. With `steer`
+  (the attributes the run trained with) the tokenizer carries the SteerLM
+  chat template and config.json the `steerlm` section.
   """
 
-  def export(params) -> None:
-    out = setup.workdir / "hf"
-    save(state_lib.merge_model(parts, params), out, dtype=config.train.export_dtype,
-         tokenizer=setup.tokenizer_dir)
+  def with_template(out: pathlib.Path) -> None:
     if steer is not None and jax.process_index() == 0:
       chat_template.export_files(steer, out, add_bos=config.data.add_bos,
                                  turn_marker=chat_template.turn_marker_id(setup.tokenizer))
+
+  def export(params) -> None:
+    model = state_lib.merge_model(parts, params)
+    if model.cfg.lora is not None:
+      adapter_dir = setup.workdir / "adapter"
+      peft_adapters.save_adapters(model.cfg, builder.adapter_params(model), adapter_dir,
+                                  base_model=config.model.hf_path)
+      if jax.process_index() == 0:
+        hf.save_tokenizer(setup.tokenizer_dir, adapter_dir)
+      with_template(adapter_dir)
+      logging.info("exported the %s's LoRA adapters to %s", what, adapter_dir)
+      if not config.train.export_merged:
+        return
+      model = builder.merge_adapters(model)
+    out = setup.workdir / "hf"
+    save(model, out, dtype=config.train.export_dtype, tokenizer=setup.tokenizer_dir)
+    with_template(out)
     logging.info("exported the %s to %s (steerable attributes: %s)", what, out,
                  ", ".join(steer.attributes) if steer else "none")
 

@@ -69,15 +69,19 @@ def trainer_step_spec(config: ml_collections.ConfigDict, rt: Runtime,
   batch = {k: jax.ShapeDtypeStruct((accum, tc.micro_batch) + tuple(shape), dtype,
                                    sharding=batch_sharding)
            for k, (shape, dtype) in fields.items()}
-  train_step = loop.make_train_step(parts.graphdef, parts.rest, loss_fn, tx, schedule,
-                                    rt.rules, accum)
-  args: tuple = (state, batch)
-  frozen_shardings: tuple = ()
+  train_step = loop.make_train_step(parts, loss_fn, tx, schedule, rt.rules, accum)
+  args: tuple = (state, batch, _abstract(parts.base, parts.base_shardings))
+  frozen_shardings: tuple = (parts.base_shardings,)
   if frozen_params:
-    frozen_shardings = (parts.param_shardings,)
-    args += (jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                          parts.params, parts.param_shardings),)
+    frozen_shardings += (parts.param_shardings,)
+    args += (_abstract(parts.params, parts.param_shardings),)
   step = loop.jit_train_step(train_step, rt, shardings, batch_sharding, frozen_shardings)
   tokens = tc.global_batch * (tokens_per_row or tc.seq_len)
   num_params = builder.count_params(nnx.state(module, nnx.Param))
   return StepSpec(step, args, rt, tokens, flops_per_token * tokens, num_params)
+
+
+def _abstract(tree: dict, shardings: dict) -> dict:
+  """ShapeDtypeStructs of `tree`'s arrays on `shardings`."""
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree,
+                      shardings)

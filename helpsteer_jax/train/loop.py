@@ -34,9 +34,9 @@ from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.data import pipeline
 from helpsteer_jax.errors import ConfigError, TrainingError
 from helpsteer_jax.runtime import Runtime
+from helpsteer_jax.train import base_fingerprint, optim
 from helpsteer_jax.train import checkpoint as ckpt_lib
 from helpsteer_jax.train import metrics as metrics_lib
-from helpsteer_jax.train import optim
 from helpsteer_jax.train import preemption as preemption_lib
 from helpsteer_jax.train import state as state_lib
 
@@ -49,7 +49,7 @@ def train_config(**overrides: Any) -> ml_collections.ConfigDict:
       num_steps=100, global_batch=8, micro_batch=8, seq_len=512,
       log_every=10, eval_every=50, eval_batches=0, save_every=50,
       keep_checkpoints=2, async_checkpoint=True, peak_flops=0.0,
-      cpu_peak_gflops=190.0, export_hf=True, export_dtype="bfloat16",
+      cpu_peak_gflops=190.0, export_hf=True, export_merged=False, export_dtype="bfloat16",
       loss_chunk_size=256, max_consecutive_nonfinite=8))
   cfg.update(overrides)
   return cfg
@@ -90,33 +90,34 @@ def step_batch_sharding(rt: Runtime) -> NamedSharding:
   return NamedSharding(rt.mesh, PartitionSpec(None, *sharding_lib.batch_spec(rt.rules)))
 
 
-def make_train_step(graphdef: nnx.GraphDef, rest: Any, loss_fn: LossFn,
+def make_train_step(parts: state_lib.ModelParts, loss_fn: LossFn,
                     tx: optax.GradientTransformation, schedule: Callable,
                     rules: sharding_lib.Rules, accum: int) -> Callable:
-  """`train_step(state, batch) -> (state, metrics)`; batch leaves are [accum, micro, ...]."""
+  """`train_step(state, batch, base, *frozen) -> (state, metrics)`; batch leaves are
+  [accum, micro, ...], `base` the model's frozen weights (`parts.base`)."""
 
-  def micro_loss(params, batch, *frozen):
-    return loss_fn(nnx.merge(graphdef, params, rest), batch, *frozen)
+  def micro_loss(params, batch, base, *frozen):
+    return loss_fn(state_lib.merge_model(parts, params, base), batch, *frozen)
 
-  def train_step(state: state_lib.TrainState, batch: dict[str, jax.Array], *frozen):
+  def train_step(state: state_lib.TrainState, batch: dict[str, jax.Array], base, *frozen):
     with sharding_lib.axis_rules(rules):
       def accumulate(carry, micro):
         grads, sums = carry
         (loss, aux), g = jax.value_and_grad(micro_loss, has_aux=True)(state.params, micro,
-                                                                       *frozen)
+                                                                       base, *frozen)
         aux = {"loss": loss, **aux}
         grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
         return (grads, jax.tree.map(jnp.add, sums, aux)), None
 
       if accum == 1:  # no accumulation buffers: the gradient is the step's gradient
         (loss, aux), grads = jax.value_and_grad(micro_loss, has_aux=True)(
-            state.params, jax.tree.map(lambda x: x[0], batch), *frozen)
+            state.params, jax.tree.map(lambda x: x[0], batch), base, *frozen)
         sums = {"loss": loss, **aux}
       else:
         first = jax.tree.map(lambda x: x[0], batch)
         zero_sums = jax.tree.map(
             lambda x: jnp.zeros((), jnp.float32),
-            jax.eval_shape(lambda: micro_loss(state.params, first, *frozen)[1]))
+            jax.eval_shape(lambda: micro_loss(state.params, first, base, *frozen)[1]))
         zero_sums = {"loss": jnp.zeros((), jnp.float32), **zero_sums}
         (grads, sums), _ = unrollable.scan(accumulate, (_tree_zeros_like(state.params), zero_sums),
                                       batch)
@@ -142,7 +143,8 @@ def make_train_step(graphdef: nnx.GraphDef, rest: Any, loss_fn: LossFn,
 
 def jit_train_step(train_step: Callable, rt: Runtime, state_shardings: state_lib.TrainState,
                    batch_sharding: NamedSharding, frozen_shardings: tuple = ()) -> Callable:
-  """The jitted step: explicit shardings, the state donated."""
+  """The jitted step: explicit shardings, the state donated. `frozen_shardings`
+  are those of the arguments after the batch (the base weights first)."""
   with jax.set_mesh(rt.mesh):
     return jax.jit(train_step, in_shardings=(state_shardings, batch_sharding, *frozen_shardings),
                    out_shardings=(state_shardings, None), donate_argnums=(0,))
@@ -157,8 +159,9 @@ class Trainer:
                flops_per_token: float = 0.0, export_fn: Callable | None = None,
                frozen: tuple[Any, Any] | None = None):
     self.config, self.rt, self.parts, self.loss_fn = config, rt, parts, loss_fn
-    self.frozen = () if frozen is None else (frozen[0],)
-    self._frozen_shardings = () if frozen is None else (frozen[1],)
+    # After the batch, every step takes the frozen base weights, then the loss's extras.
+    self.frozen = (parts.base,) + (() if frozen is None else (frozen[0],))
+    self._frozen_shardings = (parts.base_shardings,) + (() if frozen is None else (frozen[1],))
     self.workdir = pathlib.Path(workdir)
     self.tc = config.train
     self.flops_per_token = flops_per_token
@@ -188,6 +191,8 @@ class Trainer:
   def _initial_state(self) -> tuple[state_lib.TrainState, state_lib.TrainState]:
     state, shardings = state_lib.create_train_state(self.tx, self.parts, self.rt.mesh,
                                                     self.config.seed)
+    resuming = self.checkpointer.latest_step() is not None
+    base_fingerprint.check_or_record(self.checkpointer.directory, self.parts.base, resuming)
     restored = self.checkpointer.restore_latest(state_lib.abstract_like(state, shardings),
                                                 self.train_iter)
     if restored is not None:
@@ -196,13 +201,12 @@ class Trainer:
     return state, shardings
 
   def _compile(self) -> None:
-    graphdef, rest, loss_fn, rules = (self.parts.graphdef, self.parts.rest, self.loss_fn,
-                                      self.rt.rules)
-    train_step = make_train_step(graphdef, rest, loss_fn, self.tx, self.schedule, rules, self.accum)
+    parts, loss_fn, rules = self.parts, self.loss_fn, self.rt.rules
+    train_step = make_train_step(parts, loss_fn, self.tx, self.schedule, rules, self.accum)
 
-    def eval_step(params, batch, *frozen):
+    def eval_step(params, batch, base, *frozen):
       with sharding_lib.axis_rules(rules):
-        loss, aux = loss_fn(nnx.merge(graphdef, params, rest), batch, *frozen)
+        loss, aux = loss_fn(state_lib.merge_model(parts, params, base), batch, *frozen)
         return {"loss": loss, **aux}
 
     self.train_step = jit_train_step(train_step, self.rt, self.state_shardings, self.batch_sharding,

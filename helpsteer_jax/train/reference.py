@@ -23,7 +23,6 @@ from typing import Sequence
 import jax
 import numpy as np
 from absl import logging
-from flax import nnx
 from jax.sharding import NamedSharding
 
 from helpsteer_jax import multihost, runtime
@@ -77,15 +76,14 @@ def reference_logps(parts: state_lib.ModelParts, features: Sequence[dict[str, np
   # Process 0 alone looks at the cache (it writes the parts): one list for all.
   todo = multihost.on_primary(lambda: _prepare(cache, manifest, starts))
   sharding = NamedSharding(rt.mesh, sharding_lib.logical_to_spec(("batch",), rt.rules))
-  graphdef, rest = parts.graphdef, parts.rest
 
-  def forward(params, batch):
+  def forward(params, base, batch):
     with sharding_lib.axis_rules(rt.rules):
-      return model_segment_logps(nnx.merge(graphdef, params, rest), batch, chunk_size,
+      return model_segment_logps(state_lib.merge_model(parts, params, base), batch, chunk_size,
                                  vocab_chunk)
 
   with jax.set_mesh(rt.mesh):
-    step = jax.jit(forward, in_shardings=(parts.param_shardings, sharding))
+    step = jax.jit(forward, in_shardings=(parts.param_shardings, parts.base_shardings, sharding))
   if todo:
     logging.info("reference pass: %d of %d batches to compute into %s", len(todo),
                  len(starts), cache)
@@ -98,7 +96,7 @@ def reference_logps(parts: state_lib.ModelParts, features: Sequence[dict[str, np
       batch = {k: np.concatenate([v, np.zeros((rows - len(chunk),) + v.shape[1:], v.dtype)])
                for k, v in batch.items()}
     with jax.set_mesh(rt.mesh):
-      out = step(parts.params, _global_batch(batch, sharding))
+      out = step(parts.params, parts.base, _global_batch(batch, sharding))
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils
       out = multihost_utils.process_allgather(out, tiled=True)

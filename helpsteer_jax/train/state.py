@@ -35,22 +35,43 @@ jax.tree_util.register_dataclass(
 
 @dataclasses.dataclass
 class ModelParts:
-  """A model split into its static graph, its trainable params and the rest."""
+  """A model split into its static graph, its trainable params, its frozen weights
+  (the base under LoRA adapters; empty otherwise) and the rest.
+
+  The frozen weights are an argument of every jitted step (never a constant
+  baked into the program) and are not part of the train state: checkpoints
+  and optimizer state hold the trainable params only.
+  """
 
   graphdef: nnx.GraphDef
   params: dict
   rest: nnx.State  # non-trainable state (empty for the decoder)
   param_shardings: dict
+  base: dict = dataclasses.field(default_factory=dict)
+  base_shardings: dict = dataclasses.field(default_factory=dict)
 
 
-def split_model(module: nnx.Module, mesh: Mesh, rules: sharding_lib.Rules) -> ModelParts:
-  graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+def has_adapters(module: nnx.Module) -> bool:
+  return bool(jax.tree.leaves(nnx.state(module, nnx.LoRAParam)))
+
+
+def split_model(module: nnx.Module, mesh: Mesh, rules: sharding_lib.Rules,
+                trainable: Any = None) -> ModelParts:
+  """Trainable params (`trainable`, an nnx filter; default: the LoRA adapters when
+  the model has them, else every `nnx.Param`), frozen base weights, the rest."""
+  if trainable is None:
+    trainable = nnx.LoRAParam if has_adapters(module) else nnx.Param
+  graphdef, params, base, rest = nnx.split(module, trainable, nnx.Param, ...)
   shardings = builder.state_shardings(params, mesh, rules)
-  return ModelParts(graphdef, nnx.to_pure_dict(params), rest, nnx.to_pure_dict(shardings))
+  base_shardings = builder.state_shardings(base, mesh, rules)
+  return ModelParts(graphdef, nnx.to_pure_dict(params), rest, nnx.to_pure_dict(shardings),
+                    nnx.to_pure_dict(base), nnx.to_pure_dict(base_shardings))
 
 
-def merge_model(parts: ModelParts, params: dict) -> nnx.Module:
-  return nnx.merge(parts.graphdef, params, parts.rest)
+def merge_model(parts: ModelParts, params: dict, base: dict | None = None) -> nnx.Module:
+  """The model of `params` (and `base`: the frozen weights; inside a jitted function
+  pass its traced argument, outside `parts.base` is used)."""
+  return nnx.merge(parts.graphdef, params, parts.base if base is None else base, parts.rest)
 
 
 def _opt_state_shardings(tx: optax.GradientTransformation, params: dict,
