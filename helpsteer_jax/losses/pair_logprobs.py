@@ -19,6 +19,7 @@ from flax import nnx
 from helpsteer_jax.data.batches import CACHED_PAIR_BATCH, PAIR_BATCH, REFERENCE_INPUT
 from helpsteer_jax.losses import dpo2d
 from helpsteer_jax.losses.logprobs import segment_logprob_sums
+from helpsteer_jax.models import lora
 
 
 def _fold(x: jax.Array) -> jax.Array:
@@ -39,20 +40,28 @@ def model_segment_logps(model: nnx.Module, batch: dict[str, jax.Array],
 
 def preference_loss(model: nnx.Module, batch: dict[str, jax.Array], reference: Any = None, *,
                     cfg: dpo2d.PreferenceLossConfig, chunk_size: int = 256,
-                    vocab_chunk: int = 0):
+                    vocab_chunk: int = 0, adapters_off_reference: bool = False):
   """(summed loss, summed metrics with `weight` = pairs) for the training loop.
 
-  `reference`: the frozen reference parameters (same graph as `model`) to
-  run on the fly; None reads `batch["ref_logps"]`. `vocab_chunk` > 0 chunks
-  the vocabulary projection instead of the sequence (less memory for large
-  vocabularies).
+  The reference log-probs: with `adapters_off_reference`, the same model with
+  its LoRA adapters switched off (the base model, no second copy of the
+  weights); else `reference`, frozen trainable parameters (same graph as
+  `model`: the whole model, or the initial adapters under LoRA) run on the
+  fly; else `batch["ref_logps"]` (a cached first pass). `vocab_chunk` > 0
+  chunks the vocabulary projection instead of the sequence (less memory for
+  large vocabularies).
   """
-  b = (CACHED_PAIR_BATCH if reference is None else PAIR_BATCH).view(batch)
+  cached = reference is None and not adapters_off_reference
+  b = (CACHED_PAIR_BATCH if cached else PAIR_BATCH).view(batch)
   policy = model_segment_logps(model, batch, chunk_size, vocab_chunk)
-  if reference is None:
+  if adapters_off_reference:
+    with lora.disabled():
+      ref = jax.lax.stop_gradient(model_segment_logps(model, batch, chunk_size, vocab_chunk))
+  elif reference is None:
     ref = b.ref_logps
   else:
-    graphdef, _, rest = nnx.split(model, nnx.Param, ...)
+    trainable = nnx.LoRAParam if jax.tree.leaves(nnx.state(model, nnx.LoRAParam)) else nnx.Param
+    graphdef, _, rest = nnx.split(model, trainable, ...)
     ref_model = nnx.merge(graphdef, jax.lax.stop_gradient(reference), rest)
     ref = jax.lax.stop_gradient(model_segment_logps(ref_model, batch, chunk_size, vocab_chunk))
   with jax.named_scope("preference_loss"):

@@ -117,11 +117,45 @@ def steer_spec(config: ml_collections.ConfigDict) -> chat_template.SteerSpec:
 def _model_source(config) -> str:
   m = config.model
   return json.dumps({"hf_path": m.hf_path, "init_checkpoint": m.init_checkpoint,
-                     "preset": m.preset, "seed": config.seed, "dtype": m.dtype})
+                     "preset": m.preset, "seed": config.seed, "dtype": m.dtype,
+                     "lora_adapter": m.lora.adapter, "lora_base_dtype": m.lora.base_dtype})
+
+
+def _restore_policy(parts: state_lib.ModelParts, run: str) -> bool:
+  """The starting policy from an AC-SFT run's checkpoint: its parameters, or under
+  LoRA its whole model as the frozen base (its adapters, if it trained LoRA: then
+  True)."""
+  directory, step = ckpt_lib.find_checkpoint(run)
+  saved, _ = ckpt_lib.param_shapes(directory, step)
+  saved_lora = any(any(k.endswith("_lora") for k in path) for path in saved)
+  if parts.base and not saved_lora:
+    parts.base = ckpt_lib.restore_params(directory, _abstract(parts.base, parts.base_shardings),
+                                         step)[0]
+    return False
+  if saved_lora and not parts.base:
+    raise ConfigError(f"{run} trained LoRA adapters: set model.lora.adapter=<its adapter"
+                      " directory> with model.hf_path=<its base>, or export it merged"
+                      " (train.export_merged) and start from that model.hf_path")
+  parts.params = ckpt_lib.restore_params(directory, _abstract(parts.params,
+                                                              parts.param_shardings), step)[0]
+  return saved_lora
+
+
+def _abstract(tree: dict, shardings: dict) -> dict:
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree,
+                      shardings)
 
 
 def _with_reference(features, ref):
   return [dict(f, ref_logps=r) for f, r in zip(features, ref)]
+
+
+def adapters_off_reference(config: ml_collections.ConfigDict, fresh: bool = True) -> bool:
+  """On the fly with fresh LoRA adapters (`fresh`: none restored from an AC-SFT run),
+  the reference is the model with them off: the base, which they start equal to."""
+  lc = config.model.lora
+  return (config.reference.mode == "on_the_fly" and bool(lc.rank) and not lc.adapter
+          and fresh)
 
 
 def batch_schema(config: ml_collections.ConfigDict) -> tuple[BatchSchema, dict[str, int]]:
@@ -144,15 +178,17 @@ def abstract_train_step(config: ml_collections.ConfigDict,
   n = config.train.seq_len
   schema, dims = batch_schema(config)
   on_the_fly = config.reference.mode == "on_the_fly"
+  adapters_off = adapters_off_reference(config)
   per_token = model_cfg.flops_per_token(n)
   if on_the_fly:  # plus the reference's forward: a third of a training pass
     per_token *= 4 / 3
   loss = functools.partial(preference_loss, cfg=cfg, chunk_size=config.train.loss_chunk_size,
-                           vocab_chunk=config.loss.vocab_chunk_size)
+                           vocab_chunk=config.loss.vocab_chunk_size,
+                           adapters_off_reference=adapters_off)
   return abstract_step.trainer_step_spec(
       config, rt, lambda: builder.new_model(model_cfg), loss,
       schema.row_fields(**dims), per_token, tokens_per_row=2 * n,
-      frozen_params=on_the_fly)
+      frozen_params=on_the_fly and not adapters_off)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -167,11 +203,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     raise ConfigError(f"no usable training pairs in {train_src} (see the log for why)")
 
   parts = state_lib.split_model(runtime.build_model(config, rt), rt.mesh, rt.rules)
+  fresh_adapters = True
   if config.model.init_checkpoint:
-    abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                            parts.params, parts.param_shardings)
-    directory, step = ckpt_lib.find_checkpoint(config.model.init_checkpoint)
-    parts.params = ckpt_lib.restore_params(directory, abstract, step)[0]
+    fresh_adapters = not _restore_policy(parts, config.model.init_checkpoint)
+  adapters_off = adapters_off_reference(config, fresh_adapters)
 
   chunk, vocab_chunk = config.train.loss_chunk_size, config.loss.vocab_chunk_size
   frozen = None
@@ -186,15 +221,18 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       eval_features = _with_reference(eval_features, reference.reference_logps(
           parts, eval_features, rt, rows, pathlib.Path(cache) / "validation", source, chunk,
           vocab_chunk))
-  else:  # the reference stays in memory: a copy of the initial policy
+  elif adapters_off:  # the base model: the policy with its adapters off
+    pass
+  else:  # the reference stays in memory: a copy of the initial policy (or initial adapters)
     with jax.set_mesh(rt.mesh):
       ref = jax.jit(lambda p: jax.tree.map(jnp.copy, p),
                     out_shardings=parts.param_shardings)(parts.params)
     frozen = (ref, parts.param_shardings)
 
   trainer = loop.Trainer(
-      config, workdir, rt, parts, functools.partial(preference_loss, cfg=cfg, chunk_size=chunk,
-                                                    vocab_chunk=vocab_chunk),
+      config, workdir, rt, parts, functools.partial(
+          preference_loss, cfg=cfg, chunk_size=chunk, vocab_chunk=vocab_chunk,
+          adapters_off_reference=adapters_off),
       train_features, eval_features,
       flops_per_token=setup.model_cfg.flops_per_token(config.train.seq_len),
       export_fn=common.hf_exporter(setup, parts, config, steer, "trained policy"),
