@@ -94,22 +94,28 @@ def trained_attributes(conversations: Iterable[Conversation]) -> SteerSpec:
   return SteerSpec.nemo(names)
 
 
+SECTION_FILES = ("config.json", "adapter_config.json")  # an HF model's, a PEFT adapter's
+
+
 def read_spec(hf_dir: str | os.PathLike) -> SteerSpec | None:
-  """The `steerlm` section of `hf_dir/config.json`, or None when there is none."""
-  path = pathlib.Path(hf_dir).expanduser() / "config.json"
-  if not path.is_file():
-    return None
-  try:
-    section = json.loads(path.read_text()).get(SECTION)
-  except (json.JSONDecodeError, AttributeError) as e:
-    raise ConfigError(f"{path}: not a JSON object ({e})") from None
-  if section is None:
-    return None
-  try:
-    return SteerSpec(tuple(section["attributes"]), section["defaults"])
-  except (TypeError, KeyError, ValueError) as e:
-    raise ConfigError(f"{path}: malformed '{SECTION}' section ({e}); expected"
-                      ' {"attributes": [names], "defaults": {name: 0..4}}') from None
+  """The `steerlm` section of `hf_dir`'s config.json (a model) or adapter_config.json (a
+  PEFT adapter, whose loaders ignore unknown keys), or None when there is none."""
+  for name in SECTION_FILES:
+    path = pathlib.Path(hf_dir).expanduser() / name
+    if not path.is_file():
+      continue
+    try:
+      section = json.loads(path.read_text()).get(SECTION)
+    except (json.JSONDecodeError, AttributeError) as e:
+      raise ConfigError(f"{path}: not a JSON object ({e})") from None
+    if section is None:
+      return None
+    try:
+      return SteerSpec(tuple(section["attributes"]), section["defaults"])
+    except (TypeError, KeyError, ValueError) as e:
+      raise ConfigError(f"{path}: malformed '{SECTION}' section ({e}); expected"
+                        ' {"attributes": [names], "defaults": {name: 0..4}}') from None
+  return None
 
 
 def _lit(value) -> str:
@@ -261,7 +267,8 @@ def export_files(spec: SteerSpec, out_dir: str | os.PathLike, add_bos: bool = Tr
   The template goes to `chat_template.jinja` (transformers >= 4.50 prefer
   it) and to `tokenizer_config.json`'s `chat_template` when that file exists
   (older readers); a copied `chat_template.json` of the base model would be
-  stale and is removed. `turn_marker` (`turn_marker_id`) joins the EOS ids
+  stale and is removed. `spec` goes to config.json (a model) or
+  adapter_config.json (a PEFT adapter). `turn_marker` (`turn_marker_id`) joins the EOS ids
   of `generation_config.json`: a SteerLM model ends its turn by starting the
   next one, and transformers' `generate` and vLLM stop at those ids.
   """
@@ -269,8 +276,8 @@ def export_files(spec: SteerSpec, out_dir: str | os.PathLike, add_bos: bool = Tr
   text = chat_template(spec, add_bos)
   (out / TEMPLATE_FILE).write_text(text, encoding="utf-8")
   (out / "chat_template.json").unlink(missing_ok=True)
-  updates = [("tokenizer_config.json", lambda c: {"chat_template": text}),
-             ("config.json", lambda c: {SECTION: spec.section()})]
+  updates = [("tokenizer_config.json", lambda c: {"chat_template": text})]
+  updates += [(name, lambda c: {SECTION: spec.section()}) for name in SECTION_FILES]
   if turn_marker is not None:
     updates.append(("generation_config.json", lambda c: {
         "eos_token_id": _with_id(c.get("eos_token_id"), turn_marker)}))

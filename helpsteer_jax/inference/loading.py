@@ -43,12 +43,17 @@ def checkpoint_dir(path: str | pathlib.Path) -> pathlib.Path:
 
 
 def load_model(config: ml_collections.ConfigDict, rt: runtime.Runtime) -> nnx.Module:
-  """The sharded model from `config.checkpoint`, `model.hf_path` or the preset."""
+  """The sharded model from `config.checkpoint`, `model.hf_path` or the preset; with a
+  PEFT adapter (`model.lora.adapter`) merged into the weights it adapts, so that
+  decoding pays nothing per token for it."""
   if config.checkpoint and config.model.hf_path:
     raise ConfigError("set either --config.checkpoint (Orbax) or --config.model.hf_path"
                       " (HF directory), not both")
+  if config.checkpoint and config.model.lora.adapter:
+    raise ConfigError("model.lora.adapter goes on an HF base: set --config.model.hf_path"
+                      " instead of --config.checkpoint")
   if not config.checkpoint:
-    return runtime.build_model(config, rt)
+    return builder.merge_adapters(runtime.build_model(config, rt))
   directory = checkpoint_dir(config.checkpoint)
   shapes, step = ckpt_lib.param_shapes(directory, config.checkpoint_step)
   base = runtime.model_config(config)
@@ -87,7 +92,12 @@ def tokenizer_dir(config: ml_collections.ConfigDict, workdir: str | pathlib.Path
 
 
 def steer_spec(config: ml_collections.ConfigDict) -> chat_template.SteerSpec | None:
-  """The steerable attributes the model's export declares (None: it declares none)."""
+  """The steerable attributes the model's export (or its adapter) declares (None: it
+  declares none)."""
+  if config.model.lora.adapter:
+    spec = chat_template.read_spec(config.model.lora.adapter)
+    if spec is not None:
+      return spec
   if config.model.hf_path:
     return chat_template.read_spec(config.model.hf_path)
   if config.checkpoint:

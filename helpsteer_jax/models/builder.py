@@ -4,6 +4,7 @@ shapes, sharding specs and sharded materialisation."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable
 
@@ -164,30 +165,30 @@ def adapter_params(model: nnx.Module) -> dict:
 
 
 def merge_adapters(model: nnx.Module, dtype: str | None = None) -> nnx.Module:
-  """A model without adapters whose targeted weights are W + (alpha / rank) A B
-  (PEFT's `merge_and_unload`), computed in fp32 and stored in `dtype` (default:
-  the weight's own)."""
-  lc = model.cfg.lora
-  if lc is None:
-    return model
-  base_cfg = dataclasses.replace(model.cfg, lora=None)
-  graphdef, _ = abstract_model(base_cfg)
-  _, adapters, params, rest = nnx.split(model, nnx.LoRAParam, nnx.Param, ...)
-  adapters, params = nnx.to_pure_dict(adapters), nnx.to_pure_dict(params)
+  """Folds every LoRA adapter into the weight it adapts (PEFT's `merge_and_unload`):
+  W + (alpha / rank) A B, computed in fp32 and stored in `dtype` (default: W's),
+  then drops the adapters. Changes `model` in place (its weights are new arrays;
+  arrays it shares with others are not modified) and returns it."""
+  for _, node in list(nnx.iter_graph(model)):
+    if not isinstance(node, nnx.Module):
+      continue
+    for attr, value in list(vars(node).items()):
+      if not isinstance(value, lora_lib.Adapter):
+        continue
+      weight = getattr(node, lora_lib.TARGETS[attr.removesuffix("_lora")][1])
+      w = weight[...]
+      merged = jax.jit(functools.partial(_merged, scale=value.scale, dtype=dtype or w.dtype),
+                       out_shardings=getattr(w, "sharding", None))
+      weight[...] = merged(w, value.lora_a[...], value.lora_b[...])
+      setattr(node, attr, None)
+    if isinstance(getattr(node, "cfg", None), ModelConfig) and node.cfg.lora is not None:
+      node.cfg = dataclasses.replace(node.cfg, lora=None)
+  return model
 
-  @jax.jit
-  def merged(params, adapters):
-    params = jax.tree.map(lambda x: x, params)
-    for target in lc.targets:
-      block, name = lora_lib.TARGETS[target]
-      w = params["layers"][block][name]
-      ab = adapters["layers"][block][f"{target}_lora"]
-      a, b = ab["lora_a"], ab["lora_b"]
-      layers, rank = a.shape[0], a.shape[-1]
-      delta = jax.numpy.einsum("lir,lro->lio", a.reshape(layers, -1, rank),
-                               b.reshape(layers, rank, -1)) * lc.scale
-      new = w.astype("float32") + delta.reshape(w.shape)
-      params["layers"][block][name] = new.astype(dtype or w.dtype)
-    return params
 
-  return nnx.merge(graphdef, merged(params, adapters), rest)
+def _merged(w: jax.Array, a: jax.Array, b: jax.Array, *, scale: float, dtype) -> jax.Array:
+  """W + scale A B for stacked layers: W [L, in..., out...], A [L, in..., r], B [L, r, out...]."""
+  layers, rank = a.shape[0], a.shape[-1]
+  delta = jax.numpy.einsum("lir,lro->lio", a.reshape(layers, -1, rank).astype("float32"),
+                           b.reshape(layers, rank, -1).astype("float32")) * scale
+  return (w.astype("float32") + delta.reshape(w.shape)).astype(dtype)

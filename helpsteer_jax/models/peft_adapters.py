@@ -52,19 +52,21 @@ def _adapter_mappings(weight: ParamMapping, rank: int) -> tuple[ParamMapping, Pa
           ParamMapping((), f"{PREFIX}{base}.lora_B.weight", ((rank,), out_axes), True))
 
 
-def adapter_config(lc: LoraConfig, base_model: str = "",
-                   task_type: str = "CAUSAL_LM") -> dict[str, Any]:
+def adapter_config(lc: LoraConfig, base_model: str = "", task_type: str = "CAUSAL_LM",
+                   modules_to_save: list[str] | None = None) -> dict[str, Any]:
   """The `adapter_config.json` of our LoRA settings."""
   return {"peft_type": "LORA", "task_type": task_type, "base_model_name_or_path": base_model,
           "r": lc.rank, "lora_alpha": lc.alpha, "lora_dropout": lc.dropout,
           "target_modules": [_module_name(t) for t in lc.targets], "bias": "none",
           "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
-          "init_lora_weights": True, "modules_to_save": None, "layers_to_transform": None,
+          "init_lora_weights": True, "modules_to_save": modules_to_save,
+          "layers_to_transform": None,
           "layers_pattern": None, "rank_pattern": {}, "alpha_pattern": {},
           "inference_mode": True}
 
 
-def _host(x: jax.Array) -> np.ndarray:
+def host_array(x: jax.Array) -> np.ndarray:
+  """The whole array on every process (adapters and heads are small)."""
   if x.is_fully_addressable:
     return np.asarray(jax.device_get(x))
   from jax.experimental import multihost_utils
@@ -74,10 +76,12 @@ def _host(x: jax.Array) -> np.ndarray:
 def save_adapters(cfg: ModelConfig, adapters: dict, out_dir: str | os.PathLike,
                   base_model: str = "", task_type: str = "CAUSAL_LM",
                   extra_tensors: dict[str, np.ndarray] | None = None) -> pathlib.Path:
-  """Writes `adapters` (`builder.adapter_params`) of a model of `cfg` as a PEFT directory.
+  """Writes `adapters` (`builder.adapter_params` of the decoder) of a model of `cfg` as a
+  PEFT directory.
 
   Every process gathers the (small) adapters; process 0 writes. `extra_tensors`
-  (PEFT names) are written alongside, e.g. a sequence classifier's head.
+  are fully trained modules PEFT keeps whole (`modules_to_save`), by their HF
+  names: a sequence classifier's `score.weight`.
   """
   from safetensors.numpy import save_file
   lc = cfg.lora
@@ -89,16 +93,19 @@ def save_adapters(cfg: ModelConfig, adapters: dict, out_dir: str | os.PathLike,
       continue
     pair = adapters["layers"][TARGETS[target][0]][f"{target}_lora"]
     for mapping, key in zip(_adapter_mappings(weight, lc.rank), ("lora_a", "lora_b")):
-      stacked = _host(pair[key]).astype(np.float32)
+      stacked = host_array(pair[key]).astype(np.float32)
       for i in range(cfg.num_layers):
         tensors[mapping.hf_name.format(i=i)] = np.ascontiguousarray(mapping.to_hf(stacked[i]))
-  tensors.update(extra_tensors or {})
+  # safetensors writes an array's buffer: a transposed view must be made contiguous.
+  tensors.update({f"{PREFIX}{k}": np.ascontiguousarray(v, np.float32)
+                  for k, v in (extra_tensors or {}).items()})
   out = pathlib.Path(out_dir)
   if jax.process_index() == 0:
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
-    (out / CONFIG_FILE).write_text(
-        json.dumps(adapter_config(lc, base_model, task_type), indent=2) + "\n")
+    saved = sorted({name.rsplit(".", 1)[0] for name in extra_tensors or {}}) or None
+    config = adapter_config(lc, base_model, task_type, saved)
+    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
   return out
 
 

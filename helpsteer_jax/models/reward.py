@@ -54,6 +54,8 @@ def last_token_index(segment_ids: jax.Array) -> jax.Array:
 class RewardModel(nnx.Module):
   """Backbone (no LM head) + `RewardHead`."""
 
+  trained_with_adapters = ("head",)  # with LoRA on the backbone the head trains whole
+
   def __init__(self, backbone: nnx.Module, num_outputs: int = NUM_ATTRIBUTES,
                head_bias: bool = False):
     if hasattr(backbone, "lm_head"):

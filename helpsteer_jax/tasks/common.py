@@ -150,17 +150,22 @@ def hf_exporter(setup: TaskSetup, parts: state_lib.ModelParts, config: ml_collec
 
   def export(params) -> None:
     model = state_lib.merge_model(parts, params)
-    if model.cfg.lora is not None:
+    decoder = getattr(model, "backbone", model)  # the attribute model's is its backbone
+    if state_lib.has_adapters(decoder):
       adapter_dir = setup.workdir / "adapter"
-      peft_adapters.save_adapters(model.cfg, builder.adapter_params(model), adapter_dir,
-                                  base_model=config.model.hf_path)
+      head = getattr(model, "head", None)  # trained whole: PEFT's modules_to_save
+      peft_adapters.save_adapters(
+          decoder.cfg, builder.adapter_params(decoder), adapter_dir,
+          base_model=config.model.hf_path, task_type="SEQ_CLS" if head else "CAUSAL_LM",
+          extra_tensors={"score.weight": peft_adapters.host_array(head.kernel[...]).T}
+          if head is not None and not head.has_bias else None)
       if jax.process_index() == 0:
         hf.save_tokenizer(setup.tokenizer_dir, adapter_dir)
       with_template(adapter_dir)
       logging.info("exported the %s's LoRA adapters to %s", what, adapter_dir)
       if not config.train.export_merged:
         return
-      model = builder.merge_adapters(model)
+      builder.merge_adapters(model)
     out = setup.workdir / "hf"
     save(model, out, dtype=config.train.export_dtype, tokenizer=setup.tokenizer_dir)
     with_template(out)

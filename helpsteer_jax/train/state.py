@@ -57,10 +57,15 @@ def has_adapters(module: nnx.Module) -> bool:
 
 def split_model(module: nnx.Module, mesh: Mesh, rules: sharding_lib.Rules,
                 trainable: Any = None) -> ModelParts:
-  """Trainable params (`trainable`, an nnx filter; default: the LoRA adapters when
-  the model has them, else every `nnx.Param`), frozen base weights, the rest."""
-  if trainable is None:
-    trainable = nnx.LoRAParam if has_adapters(module) else nnx.Param
+  """Trainable params (`trainable`, an nnx filter; default: every `nnx.Param`, or with
+  LoRA adapters the adapters and the submodules the model trains whole beside them,
+  its `trained_with_adapters` names, e.g. the attribute model's head), frozen base
+  weights, the rest."""
+  if trainable is None and has_adapters(module):
+    whole = [nnx.PathContains(name) for name in getattr(module, "trained_with_adapters", ())]
+    trainable = nnx.Any(nnx.LoRAParam, *whole)
+  elif trainable is None:
+    trainable = nnx.Param
   graphdef, params, base, rest = nnx.split(module, trainable, nnx.Param, ...)
   shardings = builder.state_shardings(params, mesh, rules)
   base_shardings = builder.state_shardings(base, mesh, rules)
