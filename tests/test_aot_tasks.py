@@ -34,6 +34,14 @@ CASES = {
     "dpo2d_on_the_fly": ("dpo2d", {"reference.mode": "on_the_fly"},
                          {"inputs", "targets", "positions", "segment_ids", "token_segments",
                           "seg_scores", "seg_mask", "lengths", "pair_weight"}),
+    # LoRA: the reference is the policy with its adapters off (no frozen copy).
+    "dpo2d_lora_on_the_fly": ("dpo2d", {"reference.mode": "on_the_fly", "model.lora.rank": 4,
+                                        "model.lora.base_dtype": "bfloat16"},
+                              {"inputs", "targets", "positions", "segment_ids",
+                               "token_segments", "seg_scores", "seg_mask", "lengths",
+                               "pair_weight"}),
+    "regression_lora": ("attribute_model", {"model.lora.rank": 4},
+                        {"inputs", "labels", "readout", "segment_ids", "positions"}),
 }
 
 
@@ -49,7 +57,18 @@ def test_abstract_step_compiles_on_the_cpu_mesh(case):
   seq = config.train.seq_len
   rows = (1, 8, 2, seq) if task_name == "dpo2d" else (1, 8, seq)
   assert batch["inputs"].shape == rows
-  assert len(spec.args) == (3 if case == "dpo2d_on_the_fly" else 2)
+  # After the batch: the frozen base weights (LoRA), then a frozen reference copy.
+  assert len(spec.args) == (4 if case == "dpo2d_on_the_fly" else 3)
+  base = spec.args[2]
+  if "lora" in case:
+    trained = ["/".join(str(k.key) for k in path) for path, _ in
+               jax.tree_util.tree_leaves_with_path(state.params)]
+    assert all("_lora/" in n or n.startswith("head/") for n in trained), trained
+    assert any(n.startswith("head/") for n in trained) == (task_name == "attribute_model")
+    dtypes = {str(x.dtype) for x in jax.tree.leaves(base)}
+    assert dtypes == ({"bfloat16"} if "dpo2d" in case else {"float32"})
+  else:
+    assert base == {}
   compiled = spec.lower().compile()
   assert compiled.memory_analysis() is not None
   per_row = 2 * seq if task_name == "dpo2d" else seq

@@ -62,6 +62,9 @@ def trainer_step_spec(config: ml_collections.ConfigDict, rt: Runtime,
   module = nnx.eval_shape(make_module)
   builder.validate_state_sharding(nnx.state(module, nnx.Param), rt.mesh, rt.rules)
   parts = state_lib.split_model(module, rt.mesh, rt.rules)
+  base_dtype = config.model.lora.base_dtype if "lora" in config.model else ""
+  if parts.base and base_dtype:  # as runtime.attach_adapters stores them
+    parts.base = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, base_dtype), parts.base)
   tx, schedule = optim.make_optimizer(config.optimizer, tc.num_steps)
   state, shardings = state_lib.abstract_train_state(tx, parts, rt.mesh)
   accum = tc.global_batch // tc.micro_batch
