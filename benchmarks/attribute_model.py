@@ -97,7 +97,7 @@ def jax_worker(conn, hf_dir, head_path, mode, batch, seq, sequences, score_batch
 
     def run_once():
       with jax.set_mesh(rt.mesh):
-        trainer.state, metrics = trainer.train_step(trainer.state, arrays)
+        trainer.state, metrics = trainer.train_step(trainer.state, arrays, *trainer.frozen)
         jax.block_until_ready(metrics)
       stats["last_loss"] = float(metrics["loss"])
   else:

@@ -49,6 +49,14 @@ class Recipe:
   preset: str
   rows: int        # batch rows per optimizer step (a 2D-DPO row is a pair)
   row_note: str = "sequence"
+  lora: bool = False  # LoRA rank 16 on all seven projections, bf16 base
+
+
+LORA = dict(rank=16, alpha=32.0, targets="all", base_dtype="bfloat16")
+# Slices searched downwards for the smallest that fits, per TPU generation.
+LADDERS = {"v5p": ("v5p-256", "v5p-128", "v5p-64", "v5p-32", "v5p-16", "v5p-8"),
+           "v6e": ("v6e-256", "v6e-128", "v6e-64", "v6e-32", "v6e-16", "v6e-8"),
+           "v5e": ("v5e-256", "v5e-128", "v5e-64", "v5e-32", "v5e-16", "v5e-8")}
 
 
 RECIPES = (
@@ -57,7 +65,12 @@ RECIPES = (
     Recipe("llama3_70b AC-SFT", "acsft", "llama3_70b", 128),
     Recipe("qwen2_7b 2D-DPO", "dpo2d", "qwen2_7b", 64, "pair"),
     Recipe("llama3_70b 2D-DPO", "dpo2d", "llama3_70b", 64, "pair"),
+    Recipe("llama3_70b AC-SFT LoRA", "acsft", "llama3_70b", 128, lora=True),
+    Recipe("llama3_70b 2D-DPO LoRA", "dpo2d", "llama3_70b", 64, "pair", lora=True),
 )
+# Full fine-tuning next to LoRA in the smallest-slice table.
+SLICE_PAIRS = (("llama3_70b AC-SFT", "llama3_70b AC-SFT LoRA"),
+               ("llama3_70b 2D-DPO", "llama3_70b 2D-DPO LoRA"))
 
 
 def cell_config(recipe: Recipe, chips: int, per_device: int, remat: str, layers: int = 0):
@@ -69,6 +82,10 @@ def cell_config(recipe: Recipe, chips: int, per_device: int, remat: str, layers:
                       hf_path="")
   if layers:
     config.model.num_layers = layers
+  if recipe.lora:  # the reference of 2D-DPO: the policy with its adapters off
+    config.model.lora.update(LORA)
+    if recipe.config == "dpo2d":
+      config.reference.mode = "on_the_fly"
   # Batch shards may not exceed the rows: the rest of the chips go to tensor.
   tensor = max(1, chips // recipe.rows)
   micro = chips // tensor * per_device
@@ -171,7 +188,14 @@ def plan(planner: Planner, reverse: bool = False) -> None:
     for topology in TOPOLOGIES:
       if _fits(planner.estimate(recipe, topology, 1)):
         planner.estimate(recipe, topology, 1, LIGHT_REMAT)
-  for recipe in RECIPES:  # 4: the largest rows per device that fit
+  for full, lora in SLICE_PAIRS:  # 4: the smallest slice per generation, full vs LoRA
+    for name in (lora, full):
+      recipe = next(r for r in RECIPES if r.name == name)
+      for ladder in LADDERS.values():
+        for topology in ladder:
+          if not _fits(planner.estimate(recipe, topology, 1)):
+            break
+  for recipe in RECIPES:  # 5: the largest rows per device that fit
     for topology in TOPOLOGIES:
       per_device = 1
       while _fits(planner.estimate(recipe, topology, per_device)):
@@ -283,10 +307,45 @@ def render(results: dict) -> str:
       lines.append(f"| {recipe.name} | {where} | {_gib(found[1]['memory']['total'])} |")
     else:
       lines.append(f"| {recipe.name} | not compiled yet | |")
+  lines += ["", "## Full fine-tuning vs LoRA: the smallest slice per TPU generation", "",
+            "LoRA: rank 16 (alpha 32) on all seven projections, the frozen base in bf16,",
+            "adapters and their Adam moments in fp32; 2D-DPO's reference is the policy",
+            "with its adapters off (no cached pass, no second copy). Full fine-tuning is",
+            "the recipe above (2D-DPO with a cached reference). Each slice down the",
+            "ladder is compiled at one row per device (full remat) until one does not",
+            "fit; the cell is the smallest that fits, with its per-device memory.", "",
+            "| recipe | " + " | ".join(f"smallest {g} (GiB of {_gib(_hbm(g))})" for g in LADDERS)
+            + " |", "|---|" + "---|" * len(LADDERS)]
+  for pair in SLICE_PAIRS:
+    for name in pair:
+      recipe = next(r for r in RECIPES if r.name == name)
+      lines.append(f"| {name} | " + " | ".join(
+          _smallest(results, recipe, ladder) for ladder in LADDERS.values()) + " |")
   seconds = [v.get("wall_seconds", 0) for v in cells.values()]
   lines += ["", f"{len(seconds)} compiles, {sum(seconds) / 60:.0f} min of compile time on a"
             " 2-core CPU.", ""]
   return "\n".join(lines)
+
+
+def _hbm(generation: str) -> int:
+  from helpsteer_jax import aot
+  return aot.GENERATIONS[generation].hbm_bytes
+
+
+def _smallest(results: dict, recipe: Recipe, ladder: tuple[str, ...]) -> str:
+  """The smallest slice of `ladder` (largest first) that fits, as far as compiled."""
+  found = None
+  for topology in ladder:
+    est = cell_estimate(results, recipe, topology, 1)
+    if est is None:
+      return (f"{found[0]} ({_gib(found[1]['memory']['total'])}) or smaller, not compiled"
+              if found else "not compiled yet")
+    if not _fits(est):
+      break
+    found = (topology, est)
+  if found is None:
+    return f"none ({ladder[0]}: {_total(cell_estimate(results, recipe, ladder[0], 1)['memory'])})"
+  return f"{found[0]} ({_gib(found[1]['memory']['total'])})"
 
 
 def main() -> None:

@@ -68,7 +68,7 @@ def jax_worker(conn, hf_dir, batch, seq, analysis):
     with unrollable.unrolled_for_analysis():
       t1, b1, _ = build(1, scan_layers=False)
       with jax.set_mesh(t1.rt.mesh):
-        compiled = t1.train_step.lower(t1.state, b1).compile()
+        compiled = t1.train_step.lower(t1.state, b1, *t1.frozen).compile()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     stats["compiled_flops_batch1"] = float(cost["flops"])
@@ -77,7 +77,7 @@ def jax_worker(conn, hf_dir, batch, seq, analysis):
 
   def run_once():
     with jax.set_mesh(trainer.rt.mesh):
-      trainer.state, metrics = trainer.train_step(trainer.state, batch_arrays)
+      trainer.state, metrics = trainer.train_step(trainer.state, batch_arrays, *trainer.frozen)
       jax.block_until_ready(metrics)
     stats["last_loss"] = float(metrics["loss"])
 
