@@ -70,9 +70,6 @@ def lora_config(model_cfg: ml_collections.ConfigDict) -> LoraConfig | None:
   section = model_cfg.get("lora")
   if section is None or (not section.rank and not section.adapter):
     return None
-  if section.dropout:
-    raise ConfigError(f"model.lora.dropout={section.dropout}: dropout on the adapter input is"
-                      " not implemented; set it to 0")
   if section.adapter:
     from helpsteer_jax.models import peft_adapters
     saved, _ = peft_adapters.read_config(section.adapter)
@@ -81,7 +78,8 @@ def lora_config(model_cfg: ml_collections.ConfigDict) -> LoraConfig | None:
                         f" rank {saved.rank}: drop model.lora.rank (the adapter sets it)")
     return saved
   return LoraConfig(rank=int(section.rank), alpha=float(section.alpha),
-                    targets=lora_lib.parse_targets(section.targets), dropout=0.0)
+                    targets=lora_lib.parse_targets(section.targets),
+                    dropout=float(section.dropout))
 
 
 def mesh_config(data: int = 1, fsdp: int = -1, tensor: int = 1) -> ml_collections.ConfigDict:

@@ -92,8 +92,9 @@ def _metrics_steps(path):
           if line.strip() and "loss" in json.loads(line)]
 
 
-def test_sigterm_saves_exits_zero_and_the_rerun_continues(tmp_path):
-  args = ["--config=configs/acsft.py", f"--workdir={tmp_path}", *_SHORT,
+@pytest.mark.parametrize("lora", [(), ("--config.model.lora.rank=4",)], ids=["full", "lora"])
+def test_sigterm_saves_exits_zero_and_the_rerun_continues(tmp_path, lora):
+  args = ["--config=configs/acsft.py", f"--workdir={tmp_path}", *_SHORT, *lora,
           "--config.data.demo_train_rows=200", "--config.data.demo_validation_rows=16",
           "--config.train.num_steps=400", "--config.train.save_every=1000"]
   env = dict(os.environ, JAX_PLATFORMS="cpu",
@@ -115,11 +116,13 @@ def test_sigterm_saves_exits_zero_and_the_rerun_continues(tmp_path):
   assert 3 <= stopped < 400
   assert str(stopped) in os.listdir(tmp_path / "checkpoints")
   assert not (tmp_path / "hf").exists()  # no export from an unfinished run
+  assert not (tmp_path / "adapter").exists()
 
   run_main(*args[:-2], f"--config.train.num_steps={stopped + 2}")
   steps = _metrics_steps(metrics)
   assert steps[-2:] == [stopped + 1, stopped + 2]
   assert json.loads((tmp_path / "summary.json").read_text())["status"] == "finished"
+  assert (tmp_path / ("adapter" if lora else "hf")).is_dir()
 
 
 def _start_main(args):

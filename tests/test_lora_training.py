@@ -104,3 +104,44 @@ def test_resuming_on_another_base_is_refused(tmp_path):
                           features)
   assert int(reshaped.state.step) == 2
   reshaped.close()
+
+
+def test_dropout_masks_differ_by_layer_and_target_and_only_train_steps_use_them():
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from helpsteer_jax.models import lora
+  cfg = lora.LoraConfig(rank=2, alpha=2.0, dropout=0.5)
+  q = lora.Adapter((8,), ("embed",), (8,), ("embed",), cfg, rngs=nnx.Rngs(0), salt=0)
+  k = lora.Adapter((8,), ("embed",), (8,), ("embed",), cfg, rngs=nnx.Rngs(0), salt=1)
+  for a in (q, k):
+    a.lora_b[...] = jnp.ones_like(a.lora_b[...])
+  x = jnp.ones((4, 8))
+  plain = q(x)
+  with lora.dropout_key(jax.random.key(0)):
+    with lora.layer_index(0):
+      layer0, other_target = q(x), k(x)
+    with lora.layer_index(1):
+      layer1 = q(x)
+  assert not np.array_equal(layer0, plain) and not np.array_equal(layer0, layer1)
+  assert not np.array_equal(layer0, other_target)
+  np.testing.assert_array_equal(q(x), plain)  # outside a training step: no dropout
+
+
+def test_dropout_in_training_is_reproducible_under_remat(tmp_path):
+  features = synthetic_features(16)
+  losses = {}
+  for dropout, remat in ((0.0, "none"), (0.3, "none"), (0.3, "save_dots_no_batch")):
+    config = lora_config(num_steps=3, global_batch=8, micro_batch=4, save_every=1000)
+    config.model.lora.dropout = dropout
+    config.model.remat_policy = remat
+    workdir = tmp_path / f"{dropout}_{remat}"
+    trainer = make_trainer(config, workdir, features)
+    trainer.run()
+    trainer.close()
+    losses[dropout, remat] = [read_metrics(workdir)[s]["loss"] for s in (1, 2, 3)]
+  plain, dropped = losses[0.0, "none"], losses[0.3, "none"]
+  assert dropped[0] == pytest.approx(plain[0], rel=1e-6)  # B = 0 at step 1: no effect yet
+  assert dropped[2] != pytest.approx(plain[2], rel=1e-4)
+  # The same masks whatever is rematerialised.
+  np.testing.assert_allclose(losses[0.3, "save_dots_no_batch"], dropped, rtol=1e-5)

@@ -24,7 +24,7 @@ from flax import nnx
 
 from helpsteer_jax import unrollable
 from helpsteer_jax.models import attention as attention_lib
-from helpsteer_jax.models import kv_cache
+from helpsteer_jax.models import kv_cache, lora
 from helpsteer_jax.models.config import ModelConfig
 from helpsteer_jax.models.layers import LOGICAL_AXES, DecoderLayer, RMSNorm, param
 from helpsteer_jax.models.rope import rope_tables
@@ -79,8 +79,8 @@ class Decoder(nnx.Module):
     info = attention_lib.MaskInfo(segment_ids, segment_ids, 0)
 
     def step(x, layer, index, window):
-      del index
-      return layer(x, cos, sin, info, window)
+      with lora.layer_index(index):  # LoRA dropout draws a mask per layer
+        return layer(x, cos, sin, info, window)
 
     x = self._over_layers(step, self._embed_tokens(tokens), remat=True)
     with jax.named_scope("final_norm"):

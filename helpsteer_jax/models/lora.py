@@ -11,6 +11,12 @@ between, so FSDP and tensor sharding split them as they split the weight.
 `disabled()` switches every adapter off while a function is traced: the
 2D-DPO reference pass is the same model with the adapters off (PEFT's
 `disable_adapter()`), so it needs no second copy of the weights.
+
+Dropout on the adapter input (PEFT's `lora_dropout`) applies only where a
+training step traces the model inside `dropout_key(key)`; each adapter
+draws its mask from that key folded with its layer (`layer_index`, set by
+the decoder's layer loop) and its target, so masks differ across layers and
+projections and are recomputed identically under rematerialisation.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ RANK_AXIS = "lora_rank"
 LOGICAL_AXES = "logical_axes"
 
 _ENABLED = contextvars.ContextVar("lora_enabled", default=True)
+_DROPOUT_KEY = contextvars.ContextVar("lora_dropout_key", default=None)
+_LAYER = contextvars.ContextVar("lora_layer", default=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,12 +93,32 @@ def disabled() -> Iterator[None]:
     _ENABLED.reset(token)
 
 
+@contextlib.contextmanager
+def dropout_key(key: jax.Array | None) -> Iterator[None]:
+  """Adapter dropout on, drawn from `key`, for what is traced inside (a training step)."""
+  token = _DROPOUT_KEY.set(key)
+  try:
+    yield
+  finally:
+    _DROPOUT_KEY.reset(token)
+
+
+@contextlib.contextmanager
+def layer_index(index: jax.Array | int) -> Iterator[None]:
+  """The (traced) index of the decoder layer being traced."""
+  token = _LAYER.set(index)
+  try:
+    yield
+  finally:
+    _LAYER.reset(token)
+
+
 class Adapter(nnx.Module):
   """`lora_a` [in..., rank] and `lora_b` [rank, out...] of one projection."""
 
   def __init__(self, in_shape: tuple[int, ...], in_axes: tuple[str | None, ...],
                out_shape: tuple[int, ...], out_axes: tuple[str | None, ...],
-               cfg: LoraConfig, *, rngs: nnx.Rngs):
+               cfg: LoraConfig, *, rngs: nnx.Rngs, salt: int = 0):
     max_rank = min(math.prod(in_shape), math.prod(out_shape))
     if cfg.rank > max_rank:
       raise ConfigError(f"model.lora.rank={cfg.rank} exceeds a targeted projection's"
@@ -102,9 +130,16 @@ class Adapter(nnx.Module):
                                 **{LOGICAL_AXES: (RANK_AXIS,) + tuple(out_axes)})
     self.scale = cfg.scale
     self.in_ndim = len(in_shape)
+    self.dropout = cfg.dropout
+    self.salt = salt
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    """(alpha / rank) (x A) B for x [..., in...] in its own dtype."""
+    """(alpha / rank) (dropout(x) A) B for x [..., in...] in its own dtype."""
+    key = _DROPOUT_KEY.get()
+    if self.dropout > 0 and key is not None:
+      key = jax.random.fold_in(jax.random.fold_in(key, _LAYER.get()), self.salt)
+      keep = jax.random.bernoulli(key, 1.0 - self.dropout, x.shape)
+      x = jnp.where(keep, x / (1.0 - self.dropout), 0).astype(x.dtype)
     a = self.lora_a[...].astype(x.dtype)
     b = self.lora_b[...].astype(x.dtype)
     h = jnp.tensordot(x, a, axes=self.in_ndim)
@@ -117,7 +152,7 @@ def maybe_adapter(cfg: LoraConfig | None, target: str, in_shape, in_axes, out_sh
   if cfg is None or target not in cfg.targets:
     return None
   return Adapter(tuple(in_shape), tuple(in_axes), tuple(out_shape), tuple(out_axes), cfg,
-                 rngs=rngs)
+                 rngs=rngs, salt=list(TARGETS).index(target))
 
 
 def add(y: jax.Array, adapter: Adapter | None, x: jax.Array) -> jax.Array:

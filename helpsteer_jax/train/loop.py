@@ -33,6 +33,7 @@ from helpsteer_jax import runtime, unrollable
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.data import pipeline
 from helpsteer_jax.errors import ConfigError, TrainingError
+from helpsteer_jax.models import lora
 from helpsteer_jax.runtime import Runtime
 from helpsteer_jax.train import base_fingerprint, optim
 from helpsteer_jax.train import checkpoint as ckpt_lib
@@ -96,31 +97,36 @@ def make_train_step(parts: state_lib.ModelParts, loss_fn: LossFn,
   """`train_step(state, batch, base, *frozen) -> (state, metrics)`; batch leaves are
   [accum, micro, ...], `base` the model's frozen weights (`parts.base`)."""
 
-  def micro_loss(params, batch, base, *frozen):
-    return loss_fn(state_lib.merge_model(parts, params, base), batch, *frozen)
+  def micro_loss(params, batch, base, key, *frozen):
+    with lora.dropout_key(key):  # LoRA dropout, when configured, in training steps only
+      return loss_fn(state_lib.merge_model(parts, params, base), batch, *frozen)
 
   def train_step(state: state_lib.TrainState, batch: dict[str, jax.Array], base, *frozen):
+    step_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     with sharding_lib.axis_rules(rules):
-      def accumulate(carry, micro):
+      def accumulate(carry, xs):
         grads, sums = carry
-        (loss, aux), g = jax.value_and_grad(micro_loss, has_aux=True)(state.params, micro,
-                                                                       base, *frozen)
+        micro, i = xs
+        (loss, aux), g = jax.value_and_grad(micro_loss, has_aux=True)(
+            state.params, micro, base, jax.random.fold_in(step_key, i), *frozen)
         aux = {"loss": loss, **aux}
         grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
         return (grads, jax.tree.map(jnp.add, sums, aux)), None
 
       if accum == 1:  # no accumulation buffers: the gradient is the step's gradient
         (loss, aux), grads = jax.value_and_grad(micro_loss, has_aux=True)(
-            state.params, jax.tree.map(lambda x: x[0], batch), base, *frozen)
+            state.params, jax.tree.map(lambda x: x[0], batch), base,
+            jax.random.fold_in(step_key, 0), *frozen)
         sums = {"loss": loss, **aux}
       else:
         first = jax.tree.map(lambda x: x[0], batch)
         zero_sums = jax.tree.map(
             lambda x: jnp.zeros((), jnp.float32),
-            jax.eval_shape(lambda: micro_loss(state.params, first, base, *frozen)[1]))
+            jax.eval_shape(lambda: micro_loss(state.params, first, base, step_key, *frozen)[1]))
         zero_sums = {"loss": jnp.zeros((), jnp.float32), **zero_sums}
-        (grads, sums), _ = unrollable.scan(accumulate, (_tree_zeros_like(state.params), zero_sums),
-                                      batch)
+        (grads, sums), _ = unrollable.scan(
+            accumulate, (_tree_zeros_like(state.params), zero_sums),
+            (batch, jnp.arange(accum, dtype=jnp.int32)))
       # A non-finite loss poisons the gradient too, so the update is skipped
       # (`tx` is wrapped in optax.apply_if_finite, see optim.make_optimizer).
       denom = jnp.maximum(sums["weight"], 1.0)
