@@ -184,17 +184,17 @@ def plan(planner: Planner, reverse: bool = False) -> None:
     for topology in SMALLER_V5P:
       if not _fits(planner.estimate(recipe, topology, 1)):
         break
-  for recipe in RECIPES:  # 3: a lighter remat policy (saved matmul outputs)
-    for topology in TOPOLOGIES:
-      if _fits(planner.estimate(recipe, topology, 1)):
-        planner.estimate(recipe, topology, 1, LIGHT_REMAT)
-  for full, lora in SLICE_PAIRS:  # 4: the smallest slice per generation, full vs LoRA
+  for full, lora in SLICE_PAIRS:  # 3: the smallest slice per generation, full vs LoRA
     for name in (lora, full):
       recipe = next(r for r in RECIPES if r.name == name)
       for ladder in LADDERS.values():
         for topology in ladder:
           if not _fits(planner.estimate(recipe, topology, 1)):
             break
+  for recipe in RECIPES:  # 4: a lighter remat policy (saved matmul outputs)
+    for topology in TOPOLOGIES:
+      if _fits(planner.estimate(recipe, topology, 1)):
+        planner.estimate(recipe, topology, 1, LIGHT_REMAT)
   for recipe in RECIPES:  # 5: the largest rows per device that fit
     for topology in TOPOLOGIES:
       per_device = 1
