@@ -166,16 +166,7 @@ def _measure(mode, args, hf_dir, head_path):
   extra = (mode, args.batch, args.seq, args.sequences, args.score_batch)
   workers = {"jax": common.Worker(jax_worker, hf_dir, head_path, *extra),
              "torch": common.Worker(torch_worker, hf_dir, head_path, *extra)}
-  try:
-    for w in workers.values():  # compile / warm up
-      w.run()
-      w.run()
-    times = common.interleaved_worker_times(workers, args.repeats, untimed_before=1)
-    stats = {name: w.stats() for name, w in workers.items()}
-  finally:
-    for w in workers.values():
-      w.stop()
-  return times, stats
+  return common.run_workers(workers, args.repeats)
 
 
 def main() -> None:

@@ -161,6 +161,40 @@ def interleaved_worker_times(workers: dict[str, "Worker"], repeats: int,
   return times
 
 
+def run_workers(workers: dict[str, "Worker"], repeats: int
+                ) -> tuple[dict[str, list[float]], dict[str, dict]]:
+  """Two warm-up calls each, then `interleaved_worker_times` (an untimed call before
+  each timed one); (times, stats) of every worker, which is stopped at the end."""
+  try:
+    for w in workers.values():  # compile / warm up
+      w.run()
+      w.run()
+    times = interleaved_worker_times(workers, repeats, untimed_before=1)
+    return times, {name: w.stats() for name, w in workers.items()}
+  finally:
+    for w in workers.values():
+      w.stop()
+
+
+def bench_train_config(hf_dir: str, batch: int, seq: int, *, lr: float, betas, weight_decay: float,
+                       clip: float, data=None, **model_knobs):
+  """The training config of the step benchmarks: bench_100m from `hf_dir` on one device,
+  one micro-batch of `batch` rows per step, constant-lr AdamW, no export or saves."""
+  from helpsteer_jax import config_base
+  from helpsteer_jax.train import loop
+  from helpsteer_jax.train.optim import optimizer_config
+  config = config_base.base_config("bench")
+  config.model = config_base.model_section("bench_100m", hf_path=hf_dir, **model_knobs)
+  config.data = data if data is not None else config_base.data_config()
+  config.mesh = config_base.mesh_config(1, 1, 1)
+  config.train = loop.train_config(num_steps=1000, global_batch=batch, micro_batch=batch,
+                                   seq_len=seq, export_hf=False, loss_chunk_size=256,
+                                   save_every=10**9)
+  config.optimizer = optimizer_config(lr=lr, b1=betas[0], b2=betas[1], weight_decay=weight_decay,
+                                      grad_clip=clip, schedule="constant", warmup_steps=0)
+  return config
+
+
 def hf_llama_config(preset: str = "bench_100m", **overrides):
   """A transformers LlamaConfig with the same shape as one of our presets."""
   import transformers
@@ -182,6 +216,19 @@ def torch_adamw(model, lr: float, betas: tuple[float, float], weight_decay: floa
   return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
                             {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=betas,
                            eps=1e-8)
+
+
+def torch_sft_step(model, opt, params, inputs, labels, clip: float) -> float:
+  """One PyTorch step of next-token cross-entropy (fp32 logits), clipping and AdamW."""
+  import torch
+  opt.zero_grad(set_to_none=True)
+  logits = model(input_ids=inputs).logits
+  loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                           labels.reshape(-1))
+  loss.backward()
+  torch.nn.utils.clip_grad_norm_(params, clip)
+  opt.step()
+  return float(loss)
 
 
 def bench_model_pair(attention: str, preset: str = "bench_100m"):

@@ -117,17 +117,10 @@ def jax_worker(conn, hf_dir, pairs, seq, mode):
   from helpsteer_jax.losses.pair_logprobs import preference_loss
   from helpsteer_jax.train import loop
   from helpsteer_jax.train import state as state_lib
-  from helpsteer_jax.train.optim import optimizer_config
 
-  config = config_base.base_config("bench")
-  config.model = config_base.model_section("bench_100m", hf_path=hf_dir)
-  config.data = config_base.data_config(packing=False, fixed_shape=True)
-  config.mesh = config_base.mesh_config(1, 1, 1)
-  config.train = loop.train_config(num_steps=1000, global_batch=pairs, micro_batch=pairs,
-                                   seq_len=seq, export_hf=False, loss_chunk_size=256,
-                                   save_every=10**9)
-  config.optimizer = optimizer_config(lr=LR, b1=BETAS[0], b2=BETAS[1], weight_decay=WD,
-                                      grad_clip=CLIP, schedule="constant", warmup_steps=0)
+  data = config_base.data_config(packing=False, fixed_shape=True)
+  config = common.bench_train_config(hf_dir, pairs, seq, lr=LR, betas=BETAS, weight_decay=WD,
+                                     clip=CLIP, data=data)
   rt = runtime.setup(config)
   parts = state_lib.split_model(runtime.build_model(config, rt), rt.mesh, rt.rules)
   batch = pair_batch(pairs, seq, runtime.model_config(config).vocab_size)
@@ -220,13 +213,7 @@ def main() -> None:
       workers["jax_on_the_fly"] = common.Worker(jax_worker, hf_dir, args.pairs, args.seq,
                                                 "on_the_fly")
     workers["torch"] = common.Worker(torch_worker, hf_dir, args.pairs, args.seq)
-    for w in workers.values():  # compile / warm up
-      w.run()
-      w.run()
-    times = common.interleaved_worker_times(workers, args.repeats, untimed_before=1)
-    stats = {name: w.stats() for name, w in workers.items()}
-    for w in workers.values():
-      w.stop()
+    times, stats = common.run_workers(workers, args.repeats)
 
   tokens = 2 * args.pairs * args.seq
   tps = {k: tokens / common.median(v) for k, v in times.items()}

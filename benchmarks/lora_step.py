@@ -37,23 +37,15 @@ def jax_worker(conn, hf_dir, batch, seq, rank):
   import jax
   import numpy as np
 
-  from helpsteer_jax import config_base, runtime
+  from helpsteer_jax import runtime
   from helpsteer_jax.data.features.next_token import next_token_features
   from helpsteer_jax.losses.sft import sft_loss
   from helpsteer_jax.train import loop
   from helpsteer_jax.train import state as state_lib
-  from helpsteer_jax.train.optim import optimizer_config
 
-  config = config_base.base_config("bench")
-  config.model = config_base.model_section("bench_100m", hf_path=hf_dir)
+  config = common.bench_train_config(hf_dir, batch, seq, lr=LR, betas=BETAS, weight_decay=WD,
+                                     clip=CLIP)
   config.model.lora.update(rank=rank, alpha=2.0 * rank)
-  config.data = config_base.data_config()
-  config.mesh = config_base.mesh_config(1, 1, 1)
-  config.train = loop.train_config(num_steps=1000, global_batch=batch, micro_batch=batch,
-                                   seq_len=seq, export_hf=False, loss_chunk_size=256,
-                                   save_every=10**9)
-  config.optimizer = optimizer_config(lr=LR, b1=BETAS[0], b2=BETAS[1], weight_decay=WD,
-                                      grad_clip=CLIP, schedule="constant", warmup_steps=0)
   rt = runtime.setup(config)
   parts = state_lib.split_model(runtime.build_model(config, rt), rt.mesh, rt.rules)
   tokens = _tokens(batch, seq, runtime.model_config(config).vocab_size)
@@ -88,14 +80,7 @@ def peft_worker(conn, hf_dir, batch, seq, rank):
   stats = {"trainable_params": sum(p.numel() for p in trainable)}
 
   def run_once():
-    opt.zero_grad(set_to_none=True)
-    logits = model(input_ids=inputs).logits
-    loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
-                                             labels.reshape(-1))
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(trainable, CLIP)
-    opt.step()
-    stats["last_loss"] = float(loss)
+    stats["last_loss"] = common.torch_sft_step(model, opt, trainable, inputs, labels, CLIP)
 
   common.serve(conn, run_once, lambda: stats)
 
@@ -117,13 +102,7 @@ def main() -> None:
     workers = {"jax_lora": common.Worker(jax_worker, hf_dir, args.batch, args.seq, args.rank),
                "jax_full": common.Worker(jax_worker, hf_dir, args.batch, args.seq, 0),
                "peft_lora": common.Worker(peft_worker, hf_dir, args.batch, args.seq, args.rank)}
-    for w in workers.values():  # compile / warm up
-      w.run()
-      w.run()
-    times = common.interleaved_worker_times(workers, args.repeats, untimed_before=1)
-    stats = {name: w.stats() for name, w in workers.items()}
-    for w in workers.values():
-      w.stop()
+    times, stats = common.run_workers(workers, args.repeats)
 
   tokens = args.batch * args.seq
   tps = {k: tokens / common.median(v) for k, v in times.items()}

@@ -36,23 +36,15 @@ def jax_worker(conn, hf_dir, batch, seq, analysis):
   import jax
   import numpy as np
 
-  from helpsteer_jax import config_base, runtime, unrollable
+  from helpsteer_jax import runtime, unrollable
   from helpsteer_jax.data.features.next_token import next_token_features
   from helpsteer_jax.losses.sft import sft_loss
   from helpsteer_jax.train import loop
   from helpsteer_jax.train import state as state_lib
-  from helpsteer_jax.train.optim import optimizer_config
 
   def build(batch_size, **model_knobs):
-    config = config_base.base_config("bench")
-    config.model = config_base.model_section("bench_100m", hf_path=hf_dir, **model_knobs)
-    config.data = config_base.data_config()
-    config.mesh = config_base.mesh_config(1, 1, 1)
-    config.train = loop.train_config(num_steps=1000, global_batch=batch_size,
-                                     micro_batch=batch_size, seq_len=seq, export_hf=False,
-                                     loss_chunk_size=256, save_every=10**9)
-    config.optimizer = optimizer_config(lr=LR, b1=BETAS[0], b2=BETAS[1], weight_decay=WD,
-                                        grad_clip=CLIP, schedule="constant", warmup_steps=0)
+    config = common.bench_train_config(hf_dir, batch_size, seq, lr=LR, betas=BETAS,
+                                       weight_decay=WD, clip=CLIP, **model_knobs)
     rt = runtime.setup(config)
     parts = state_lib.split_model(runtime.build_model(config, rt), rt.mesh, rt.rules)
     tokens = _tokens(batch_size, seq, runtime.model_config(config).vocab_size)
@@ -96,14 +88,7 @@ def torch_worker(conn, hf_dir, batch, seq):
   stats = {}
 
   def run_once():
-    opt.zero_grad(set_to_none=True)
-    logits = model(input_ids=inputs).logits
-    loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
-                                             labels.reshape(-1))
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-    opt.step()
-    stats["last_loss"] = float(loss)
+    stats["last_loss"] = common.torch_sft_step(model, opt, model.parameters(), inputs, labels, CLIP)
 
   common.serve(conn, run_once, lambda: stats)
 
@@ -124,13 +109,7 @@ def main() -> None:
     transformers.LlamaForCausalLM(hf_cfg).save_pretrained(hf_dir)
     workers = {"jax": common.Worker(jax_worker, hf_dir, args.batch, args.seq, not args.no_analysis),
                "torch": common.Worker(torch_worker, hf_dir, args.batch, args.seq)}
-    for w in workers.values():  # compile / warm up
-      w.run()
-      w.run()
-    times = common.interleaved_worker_times(workers, args.repeats, untimed_before=1)
-    stats = {name: w.stats() for name, w in workers.items()}
-    for w in workers.values():
-      w.stop()
+    times, stats = common.run_workers(workers, args.repeats)
 
   tokens = args.batch * args.seq
   tps = {k: tokens / common.median(v) for k, v in times.items()}

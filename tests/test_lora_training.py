@@ -14,7 +14,13 @@ import pytest
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.train import base_fingerprint
 
-from train_utils import make_trainer, read_metrics, synthetic_features, tiny_config
+from train_utils import (
+  full_and_resumed,
+  make_trainer,
+  read_metrics,
+  synthetic_features,
+  tiny_config,
+)
 
 
 def lora_config(rank=8, **train):
@@ -73,17 +79,7 @@ def test_accumulation_and_exact_resume(tmp_path):
     losses[micro] = [read_metrics(tmp_path / f"m{micro}")[s]["loss"] for s in (1, 2, 3)]
   np.testing.assert_allclose(losses[4], losses[8], rtol=1e-5)
 
-  full = make_trainer(lora_config(), tmp_path / "full", features)
-  full.run()
-  full.close()
-  first = make_trainer(lora_config(), tmp_path / "resumed", features)
-  assert first.run(stop_at=3).status == "stopped"
-  first.close()
-  second = make_trainer(lora_config(), tmp_path / "resumed", features)
-  assert int(second.state.step) == 3
-  second.run()
-  second.close()
-  a, b = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "resumed")
+  a, b = full_and_resumed(lora_config, features, tmp_path)
   for step in (4, 5, 6):
     assert a[step]["loss"] == b[step]["loss"], (step, a[step]["loss"], b[step]["loss"])
 

@@ -3,7 +3,13 @@
 import jax
 import numpy as np
 
-from train_utils import make_trainer, read_metrics, synthetic_features, tiny_config
+from train_utils import (
+  full_and_resumed,
+  make_trainer,
+  read_metrics,
+  synthetic_features,
+  tiny_config,
+)
 
 
 def test_loss_falls_on_a_repeated_batch(tmp_path):
@@ -37,17 +43,7 @@ def test_gradient_accumulation_does_not_change_the_step(tmp_path):
 
 def test_interrupted_run_resumes_with_identical_losses(tmp_path):
   features = synthetic_features(64)
-  full = make_trainer(tiny_config(), tmp_path / "full", features)
-  full.run()
-  full.close()
-  first = make_trainer(tiny_config(), tmp_path / "resumed", features)
-  assert first.run(stop_at=3).status == "stopped"
-  first.close()
-  second = make_trainer(tiny_config(), tmp_path / "resumed", features)
-  assert int(second.state.step) == 3
-  second.run()
-  second.close()
-  a, b = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "resumed")
+  a, b = full_and_resumed(tiny_config, features, tmp_path)
   for step in (4, 5, 6):
     assert a[step]["loss"] == b[step]["loss"], (step, a[step]["loss"], b[step]["loss"])
     assert a[step]["grad_norm"] == b[step]["grad_norm"]

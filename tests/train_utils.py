@@ -69,3 +69,18 @@ def read_metrics(workdir):
   import json
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   return {r["step"]: r for r in rows if "loss" in r}
+
+
+def full_and_resumed(make_config, features, root, stop_at=3):
+  """Metrics of an uninterrupted run and of one stopped at `stop_at` and resumed."""
+  full = make_trainer(make_config(), root / "full", features)
+  full.run()
+  full.close()
+  first = make_trainer(make_config(), root / "resumed", features)
+  assert first.run(stop_at=stop_at).status == "stopped"
+  first.close()
+  second = make_trainer(make_config(), root / "resumed", features)
+  assert int(second.state.step) == stop_at
+  second.run()
+  second.close()
+  return read_metrics(root / "full"), read_metrics(root / "resumed")
