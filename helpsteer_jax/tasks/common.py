@@ -33,7 +33,7 @@ from helpsteer_jax.inference.attribute_scorer import (
   as_mesh_scorer,
   load_scorer,
 )
-from helpsteer_jax.models import builder, hf, peft_adapters
+from helpsteer_jax.models import builder, hf, peft_adapters, reward_hf
 from helpsteer_jax.models.config import ModelConfig
 from helpsteer_jax.train import state as state_lib
 
@@ -154,11 +154,14 @@ def hf_exporter(setup: TaskSetup, parts: state_lib.ModelParts, config: ml_collec
     if state_lib.has_adapters(decoder):
       adapter_dir = setup.workdir / "adapter"
       head = getattr(model, "head", None)  # trained whole: PEFT's modules_to_save
+      if head is not None and head.has_bias:
+        raise ConfigError(f"cannot export the adapter to {adapter_dir}:"
+                          f" {reward_hf.BIAS_REFUSED}")
       peft_adapters.save_adapters(
           decoder.cfg, builder.adapter_params(decoder), adapter_dir,
           base_model=config.model.hf_path, task_type="SEQ_CLS" if head else "CAUSAL_LM",
-          extra_tensors={"score.weight": peft_adapters.host_array(head.kernel[...]).T}
-          if head is not None and not head.has_bias else None)
+          extra_tensors=None if head is None
+          else {"score.weight": peft_adapters.host_array(head.kernel[...]).T})
       if jax.process_index() == 0:
         hf.save_tokenizer(setup.tokenizer_dir, adapter_dir)
       with_template(adapter_dir)
