@@ -84,33 +84,27 @@ def enabled() -> bool:
 
 
 @contextlib.contextmanager
-def disabled() -> Iterator[None]:
+def _setting(var: contextvars.ContextVar, value) -> Iterator[None]:
+  token = var.set(value)
+  try:
+    yield
+  finally:
+    var.reset(token)
+
+
+def disabled():
   """Adapters off for what is traced inside (the base model's outputs, exactly)."""
-  token = _ENABLED.set(False)
-  try:
-    yield
-  finally:
-    _ENABLED.reset(token)
+  return _setting(_ENABLED, False)
 
 
-@contextlib.contextmanager
-def dropout_key(key: jax.Array | None) -> Iterator[None]:
+def dropout_key(key: jax.Array | None):
   """Adapter dropout on, drawn from `key`, for what is traced inside (a training step)."""
-  token = _DROPOUT_KEY.set(key)
-  try:
-    yield
-  finally:
-    _DROPOUT_KEY.reset(token)
+  return _setting(_DROPOUT_KEY, key)
 
 
-@contextlib.contextmanager
-def layer_index(index: jax.Array | int) -> Iterator[None]:
+def layer_index(index: jax.Array | int):
   """The (traced) index of the decoder layer being traced."""
-  token = _LAYER.set(index)
-  try:
-    yield
-  finally:
-    _LAYER.reset(token)
+  return _setting(_LAYER, index)
 
 
 class Adapter(nnx.Module):
