@@ -134,11 +134,14 @@ class Adapter(nnx.Module):
       key = jax.random.fold_in(jax.random.fold_in(key, _LAYER.get()), self.salt)
       keep = jax.random.bernoulli(key, 1.0 - self.dropout, x.shape)
       x = jnp.where(keep, x / (1.0 - self.dropout), 0).astype(x.dtype)
-    a = self.lora_a[...].astype(x.dtype)
-    b = self.lora_b[...].astype(x.dtype)
-    h = jnp.tensordot(x, a, axes=self.in_ndim)
-    return (self.scale * jnp.tensordot(h, b, axes=1)).astype(x.dtype)
-
+    a, b = self.lora_a[...], self.lora_b[...]
+    lead, out_shape = x.shape[:x.ndim - self.in_ndim], b.shape[1:]
+    # Two plain 2-D matmuls, the scale folded into B: contracting several
+    # axes at once (x's leading axes in dA) is far slower on XLA:CPU.
+    a = a.reshape(-1, a.shape[-1]).astype(x.dtype)
+    b = (self.scale * b.reshape(b.shape[0], -1)).astype(x.dtype)
+    y = (x.reshape(-1, a.shape[0]) @ a) @ b
+    return y.reshape(lead + out_shape)
 
 def maybe_adapter(cfg: LoraConfig | None, target: str, in_shape, in_axes, out_shape, out_axes,
                   rngs: nnx.Rngs) -> Adapter | None:
