@@ -4,8 +4,9 @@
 and the model config checked against each other). The `*_sources` helpers
 return the configured data, or write the demo data once (process 0) and
 return it. `configured_scorer` is the attribute scorer of annotate and
-build_2d. `hf_exporter` is the end-of-training HF export (with the SteerLM
-chat template of the run's attributes); `write_summary` writes a task's JSON
+build_2d; `attribute_scorer_at` loads one from a path or URL. `hf_exporter`
+is the end-of-training HF export (with the SteerLM chat template of the
+run's attributes); `write_summary` writes a task's JSON
 summary from process 0.
 """
 
@@ -124,6 +125,16 @@ def configured_scorer(config: ml_collections.ConfigDict, workdir: str | pathlib.
   setup = prepare(config, workdir, model=False)
   return reward_runtime.AttributeModelScorer(
       *reward_runtime.build_scorer(config, setup.rt, setup.tokenizer))
+
+
+def attribute_scorer_at(source: str, rt: runtime.Runtime, batch_size: int,
+                        key: str) -> MeshScorer:
+  """The attribute model at `source` as a `MeshScorer`: a `configs/serve.py` server's
+  base URL (http://host:port/v1, host-side) or an attribute-model workdir or HF
+  reward directory (loaded here, sharded over the mesh); `key` names the setting."""
+  if str(source).startswith(("http://", "https://")):
+    return as_mesh_scorer(load_scorer("http", source, key=key))
+  return as_mesh_scorer(reward_runtime.text_scorer(source, rt, batch_size=batch_size, key=key))
 
 
 # ---------------------------------------------------------------- outputs
