@@ -17,6 +17,7 @@ TASKS = {
     "dpo2d": "helpsteer_jax.tasks.dpo2d",
     "build_2d": "helpsteer_jax.tasks.build_2d",
     "generate": "helpsteer_jax.tasks.generate",
+    "evaluate_generation": "helpsteer_jax.tasks.evaluate_generation",
     "serve": "helpsteer_jax.tasks.serve",
 }
 

@@ -54,10 +54,12 @@ def read_input(config: ml_collections.ConfigDict, attributes: dict[str, int]) ->
 
 
 def build_generator(config: ml_collections.ConfigDict, rt: runtime.Runtime,
-                    workdir: pathlib.Path) -> Generator:
+                    workdir: pathlib.Path, min_batch: int | None = None) -> Generator:
+  """The configured model and tokenizer behind a `Generator`; batches are padded to
+  `min_batch` rows (default: `batch_size` for files, one compile; 1 for chat)."""
   model, tokenizer, pad = loading.load_with_tokenizer(config, rt, workdir)
-  # Files decode full batches (one compile); chat decodes one conversation.
-  min_batch = config.batch_size if config.mode == "file" else 1
+  if min_batch is None:
+    min_batch = config.batch_size if config.get("mode", "file") == "file" else 1
   sampler = Sampler(model, rt.mesh, rt.rules, max_length=config.max_length or None,
                     pad_id=pad, min_batch=min_batch)
   return Generator(sampler, tokenizer, tuple(config.stop_strings), add_bos=config.add_bos)
