@@ -1,4 +1,5 @@
-"""Annotate, evaluate_rm, generate, build_2d and the 2D-DPO reference pass with two
+"""Annotate, evaluate_rm, generate, evaluate_generation, build_2d and the 2D-DPO
+reference pass with two
 processes (4 CPU devices each) write exactly the files of one process with 8.
 
 Both runs use the mesh data=2 fsdp=4 tensor=1 and shard batches over (data,
@@ -21,6 +22,7 @@ import time
 
 import numpy as np
 import pytest
+from mt_bench_utils import JUDGE, QUESTIONS, StubJudge, write_mt_bench
 
 from helpsteer_jax import reward_runtime
 from helpsteer_jax.data import demo
@@ -270,6 +272,44 @@ def test_generate_resumes_after_process_0_is_killed(inputs, generate_single, tmp
   _assert_same(generate_single, tmp_path / "w", "generations.jsonl")
   assert f"({written} already answered)" in results[0].stdout
   _assert_survivor_stopped(stopped, 0, hung)
+
+
+# ------------------------------------------------------------------ evaluate_generation
+
+
+def _evaluate_generation(inputs, judge_url, workdir) -> tuple[str, ...]:
+  return ("--config=configs/evaluate_generation.py", *MODEL, *MESH,
+          f"--config.tokenizer={inputs['tokenizer']}",
+          f"--config.mt_bench.dir={write_mt_bench(inputs['root'] / 'mt_bench')}",
+          f"--config.judge.base_url={judge_url}", f"--config.judge.model={JUDGE}",
+          "--config.batch_size=8", "--config.max_new_tokens=16", "--config.max_length=256",
+          "--config.model_id=tiny", f"--workdir={workdir}")
+
+
+def _without_time(path: pathlib.Path) -> list[dict]:
+  rows = [json.loads(line) for line in path.read_text().splitlines()]
+  return [{k: v for k, v in r.items() if k != "tstamp"} for r in rows]
+
+
+def test_evaluate_generation_two_processes_judge_once_on_process_0(inputs, tmp_path):
+  """Answers and judgments equal a one-process run's; the LLM judge is asked once per
+  answer turn, by process 0 only, and process 1 writes nothing."""
+  judge = StubJudge()
+  judge.broken = False
+  try:
+    _single(*_evaluate_generation(inputs, judge.url, tmp_path / "single"))
+    judgments = 2 * len(QUESTIONS)
+    assert len(judge.requests) == judgments
+    run, results = _run_two(tmp_path, *_evaluate_generation(inputs, judge.url, tmp_path / "w"))
+    assert len(judge.requests) == 2 * judgments
+  finally:
+    judge.stop()
+  for name in ("answers.jsonl", "judgments.jsonl"):
+    assert _without_time(tmp_path / "single" / name) == _without_time(tmp_path / "w" / name)
+  assert run.written(1, tmp_path / "w") == set()
+  assert {"answers.jsonl", "judgments.jsonl", "judge_cache.jsonl", "mt_bench.json"} <= \
+      run.written(0, tmp_path / "w")
+  assert "########## Average ##########" in results[0].stdout
 
 
 # ------------------------------------------------------------------ build_2d
