@@ -17,6 +17,7 @@ TASKS = {
     "dpo2d": "helpsteer_jax.tasks.dpo2d",
     "build_2d": "helpsteer_jax.tasks.build_2d",
     "generate": "helpsteer_jax.tasks.generate",
+    "steering_sweep": "helpsteer_jax.tasks.steering_sweep",
     "serve": "helpsteer_jax.tasks.serve",
 }
 
