@@ -1,18 +1,20 @@
-"""Does steering steer? The default AC-SFT model answers the 50 held-out demo
-prompts with one attribute changed at a time.
+"""Does steering steer? The default AC-SFT model answers the 50 held-out demo prompts
+with each of its five attributes at every value 0..4, the others fixed.
 
-python benchmarks/steering.py [--acsft_workdir workdir/acsft]
+python benchmarks/steering.py [--acsft_workdir workdir/acsft] [--tag 600]
 
 Uses the default AC-SFT run's final checkpoint (runs
 `python -m helpsteer_jax.main --config=configs/acsft.py` first when the
-workdir has none) through the generate task's loader and prompt builder,
+workdir has none) through the generate task's loader and the steering-sweep
+library (`eval.steering_sweep`, what `configs/steering_sweep.py` runs),
 greedy decoding. Responses are scored by the rules that generated the demo
-data (`data.demo.rule_scores`): verbosity from the sentence count,
-correctness from the answer, complexity from the technical register.
-Reports, per setting, the mean response length (words, sentences) and the
-mean rule scores; plus best-of-4 (temperature 0.7) picked by the HelpSteer2
-reward of the rule scores. Writes benchmarks/results/steering.json and the
-README table.
+data (`data.demo.rule_scores`, the `demo_rules` scorer): verbosity from the
+sentence count, correctness from the answer, complexity from the technical
+register. Reports, per setting, the mean response length (words, sentences,
+tokens), the mean rule scores and the share of correct answers per topic;
+plus best-of-4 (temperature 0.7) picked by the HelpSteer2 reward of the rule
+scores. Writes benchmarks/results/steering.json, the README tables and the
+sweep's figure, docs/steering_sweep.png (with `--tag`, suffixed).
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ import numpy as np  # noqa: E402
 
 from helpsteer_jax import runtime  # noqa: E402
 from helpsteer_jax.data.demo import rows as demo  # noqa: E402
+from helpsteer_jax.eval import steering_sweep as sweep_lib  # noqa: E402
+from helpsteer_jax.eval import sweep_report  # noqa: E402
 from helpsteer_jax.inference import attribute_scorer, best_of_n, steering  # noqa: E402
 from helpsteer_jax.inference.sampling import SamplingConfig  # noqa: E402
 from helpsteer_jax.tasks import generate  # noqa: E402
 
 FIXED = dict(helpfulness=4, correctness=4, coherence=4, complexity=1, verbosity=2)
-SWEEPS = (("verbosity", (0, 4)), ("correctness", (0, 4)), ("complexity", (1, 3)))
+TOPICS = ("list", "capital", "math")
 
 
 def ensure_acsft_run(workdir: pathlib.Path) -> None:
@@ -52,21 +56,24 @@ def topic(prompt: str) -> str:
       "capital" if "capital" in prompt else "list")
 
 
-def evaluate(gen, prompts, attributes, max_new_tokens) -> dict:
-  requests = [steering.make_request(p, attributes) for p in prompts]
-  completions = gen.complete([r.prompt_text() for r in requests], max_new_tokens)
-  responses = [steering.response_text(c.text, c.finish_reason) for c in completions]
-  scores = [demo.rule_scores(p, r) for p, r in zip(prompts, responses)]
-  return {
-      "attributes": attributes,
-      "mean_words": float(np.mean([len(r.split()) for r in responses])),
-      "mean_sentences": float(np.mean([len(demo._sentences(r)) for r in responses])),
-      "rule_scores": {k: float(np.mean([s[k] for s in scores])) for k in scores[0]},
-      "correct_by_topic": {t: float(np.mean([s["correctness"] == 4 for p, s in
-                                             zip(prompts, scores) if topic(p) == t]))
-                           for t in ("math", "capital", "list")},
-      "examples": responses[:3],
-  }
+def sweep(gen, prompts, batch_size: int, max_new_tokens: int) -> dict:
+  """The sweep's summary, each setting with its per-topic correctness and two examples."""
+  grid = sweep_lib.settings(FIXED, tuple(FIXED))
+  requests = sweep_lib.sweep_requests([steering.make_request(p, FIXED) for p in prompts], grid)
+  scorer = attribute_scorer.as_mesh_scorer(attribute_scorer.DemoRuleScorer())
+  rows = []
+  for start in range(0, len(requests), batch_size):
+    rows += sweep_lib.answer_rows(gen, requests[start:start + batch_size], max_new_tokens,
+                                  SamplingConfig(), start, scorer, batch_size)
+  summary = sweep_lib.summarize(rows, grid)
+  for name, entries in summary["sweeps"].items():
+    for entry in entries:
+      mine = [r for r in rows if (r["sweep_attribute"], r["sweep_value"]) == (name, entry["value"])]
+      entry["correct_by_topic"] = {
+          t: float(np.mean([demo.rule_correct(r["prompt"], r["response"]) is True
+                            for r in mine if topic(r["prompt"]) == t])) for t in TOPICS}
+      entry["examples"] = [r["response"] for r in mine[:2]]
+  return summary
 
 
 def best_of_4(gen, prompts, max_new_tokens) -> dict:
@@ -93,58 +100,64 @@ def main() -> None:
   parser.add_argument("--acsft_workdir", default=str(common.REPO / "workdir" / "acsft"))
   parser.add_argument("--prompts", type=int, default=50)
   parser.add_argument("--max_new_tokens", type=int, default=128)
-  parser.add_argument("--tag", default="", help="suffix of the result file and README marker"
-                      " (e.g. a longer AC-SFT run)")
+  parser.add_argument("--tag", default="", help="suffix of the result file, README marker and"
+                      " figure (e.g. a longer AC-SFT run)")
   args = parser.parse_args()
   workdir = pathlib.Path(args.acsft_workdir).absolute()
   ensure_acsft_run(workdir)
 
-  config = runpy.run_path(str(common.REPO / "configs" / "generate.py"))["get_config"]()
+  config = runpy.run_path(str(common.REPO / "configs" / "steering_sweep.py"))["get_config"]()
   config.checkpoint = str(workdir)
   config.batch_size = 16
   gen = generate.build_generator(config, runtime.setup(config), workdir)
   prompts = demo.heldout_prompts(args.prompts)
 
-  sweeps = {}
-  for name, values in SWEEPS:
-    sweeps[name] = [evaluate(gen, prompts, {**FIXED, name: v}, args.max_new_tokens)
-                    for v in values]
-    for r in sweeps[name]:
-      print(name, r["attributes"][name], {k: r[k] for k in ("mean_words", "mean_sentences")},
-            r["rule_scores"])
+  summary = sweep(gen, prompts, config.batch_size, args.max_new_tokens)
+  print(sweep_report.table(summary))
   bon = best_of_4(gen, prompts, args.max_new_tokens)
   print("best-of-4", bon)
+  suffix = f"_{args.tag}" if args.tag else ""
+  figure = common.REPO / "docs" / f"steering_sweep{suffix}.png"
+  sweep_report.plot(summary, figure, f"AC-SFT demo model ({workdir.name}), {len(prompts)}"
+                    " held-out prompts; predicted = the demo rules' scores")
   result = {
       "benchmark": "steering", "acsft_workdir": str(workdir), "prompts": len(prompts),
-      "fixed": FIXED, "sweeps": sweeps, "best_of_4": bon, "machine": common.machine()}
-  suffix = f"_{args.tag}" if args.tag else ""
+      "fixed": FIXED, "max_new_tokens": args.max_new_tokens, "sweep": summary,
+      "best_of_4": bon, "figure": str(figure.relative_to(common.REPO)),
+      "machine": common.machine()}
   common.write_result(f"steering{suffix}", result)
-  write_table(result, "steering-benchmark" + suffix.replace("_", "-"))
+  write_tables(result, suffix.replace("_", "-"))
 
 
-def write_table(result: dict, marker: str) -> None:
-  sweeps, bon = result["sweeps"], result["best_of_4"]
+def write_tables(result: dict, marker_suffix: str) -> None:
+  sweeps, bon = result["sweep"]["sweeps"], result["best_of_4"]
 
   def row(name, measure, fmt):
-    low, high = sweeps[name]
-    return [f"{name} {low['attributes'][name]} -> {high['attributes'][name]}", measure,
-            fmt(low), fmt(high)]
+    return [name, measure] + [fmt(e) for e in sweeps[name]]
 
-  rows = [
-      row("verbosity", "mean words", lambda r: f"{r['mean_words']:.1f}"),
-      row("verbosity", "mean sentences", lambda r: f"{r['mean_sentences']:.2f}"),
-      row("correctness", "answers correct (rule), all",
-          lambda r: f"{100 * r['rule_scores']['correctness'] / 4:.0f}%"),
-      *[row("correctness", f"answers correct (rule), {t}",
-            lambda r, t=t: f"{100 * r['correct_by_topic'][t]:.0f}%")
-        for t in ("list", "capital", "math")],
-      row("complexity", "technical register (rule)",
-          lambda r: f"{100 * (r['rule_scores']['complexity'] - 1) / 2:.0f}%"),
-      ["best-of-4 (HelpSteer2 reward of rule scores)", "answers correct",
-       f"{100 * bon['accuracy_single_sample']:.0f}% (one sample)",
-       f"{100 * bon['accuracy_best']:.0f}% (best of 4)"],
-  ]
-  common.update_readme_table(marker, ["attribute", "measure", "low value", "high value"], rows)
+  percent = lambda x: f"{100 * x:.0f}%"
+  words = lambda name: row(name, "mean words", lambda e: f"{e['mean_words']:.1f}")
+  rule = lambda name: row(name, f"{name} (rule)", lambda e: f"{e['predicted'][name]:.2f}")
+  rows = [words("verbosity"),
+          row("verbosity", "mean sentences", lambda e: f"{e['mean_sentences']:.2f}"),
+          rule("verbosity"),
+          words("correctness"),
+          row("correctness", "answers correct (rule), all",
+              lambda e: percent(e["predicted"]["correctness"] / 4)),
+          *[row("correctness", f"answers correct (rule), {t}",
+                lambda e, t=t: percent(e["correct_by_topic"][t])) for t in TOPICS],
+          words("complexity"),
+          row("complexity", "technical register (rule)",
+              lambda e: percent((e["predicted"]["complexity"] - 1) / 2)),
+          words("coherence"), rule("coherence"), words("helpfulness"), rule("helpfulness")]
+  values = [str(v) for v in result["sweep"]["values"]]
+  common.update_readme_table("steering-benchmark" + marker_suffix,
+                             ["attribute", "measure", *values], rows)
+  common.update_readme_table("steering-best-of-4" + marker_suffix,
+                             ["answers correct (rule)", "one sample", "best of 4"],
+                             [["best-of-4, HelpSteer2 reward of rule scores",
+                               percent(bon["accuracy_single_sample"]),
+                               percent(bon["accuracy_best"])]])
 
 
 if __name__ == "__main__":

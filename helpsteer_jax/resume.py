@@ -6,7 +6,7 @@ input at its position, and tells every process how many rows exist
 (`resume_point`), so all of them continue from the same row. A task restarts
 at the beginning of the batch that row falls in (`batch_start`) and writes
 only the rows after it, so batches, and the seeds derived from their
-positions, are those of an uninterrupted run.
+positions, are those of an uninterrupted run (`append_batches` is that loop).
 """
 
 from __future__ import annotations
@@ -87,3 +87,21 @@ class RowWriter:
 
   def __exit__(self, *exc) -> None:
     self.close()
+
+
+def append_batches(path: pathlib.Path, inputs: Sequence[T], matches: Callable[[dict, T], bool],
+                   option: str, batch: int,
+                   answer: Callable[[int, Sequence[T]], list[dict]]) -> int:
+  """Appends `answer(start, inputs[start:start + batch])` for the rows not yet in `path`;
+  returns how many rows were there already.
+
+  The batch the last run stopped in is answered whole (the same batch, and
+  the same `start` for a seed derived from it, as an uninterrupted run) and
+  only its missing rows are written.
+  """
+  done = resume_point(path, inputs, matches, option)
+  with RowWriter(path) as writer:
+    for start in range(batch_start(done, batch, len(inputs)), len(inputs), batch):
+      rows = answer(start, inputs[start:start + batch])
+      writer.write(row for i, row in enumerate(rows, start) if i >= done)
+  return done

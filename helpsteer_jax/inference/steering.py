@@ -24,7 +24,7 @@ import ml_collections
 from helpsteer_jax.data import template
 from helpsteer_jax.data.chat_template import NEMO_DEFAULTS, SteerSpec
 from helpsteer_jax.data.formats.rows import iter_json_lines
-from helpsteer_jax.data.records import ATTRIBUTES, HELPSTEER_ATTRIBUTES, Conversation
+from helpsteer_jax.data.records import ATTRIBUTES, HELPSTEER_ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.errors import ConfigError, DataError
 
 ATTRIBUTE_SETS = {"all": ATTRIBUTES, "helpsteer": HELPSTEER_ATTRIBUTES}
@@ -97,6 +97,17 @@ class Request:
   def output_row(self, response: str, **fields: Any) -> dict:
     return {"prompt": self.prompt, "attributes": self.attributes, "response": response,
             **self.extra, **fields}
+
+  @staticmethod
+  def matches(row: dict, request: Request) -> bool:
+    """Whether an output `row` answers `request` (the same prompt, attributes and extra
+    fields; a `resume` match)."""
+    return all(row.get(k) == v for k, v in request.output_row("").items() if k != "response")
+
+  def answered(self, response: str) -> Conversation:
+    """The conversation with `response` as its last (assistant) turn."""
+    turns = self.conversation.turns + (Turn("Assistant", response),)
+    return dataclasses.replace(self.conversation, turns=turns)
 
 
 def make_request(prompt: str, attributes: Mapping[str, int],

@@ -18,6 +18,7 @@ TASKS = {
     "build_2d": "helpsteer_jax.tasks.build_2d",
     "generate": "helpsteer_jax.tasks.generate",
     "evaluate_generation": "helpsteer_jax.tasks.evaluate_generation",
+    "steering_sweep": "helpsteer_jax.tasks.steering_sweep",
     "serve": "helpsteer_jax.tasks.serve",
 }
 

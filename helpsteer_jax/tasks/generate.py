@@ -48,6 +48,9 @@ def sampling_config(config: ml_collections.ConfigDict) -> SamplingConfig:
 
 def read_input(config: ml_collections.ConfigDict, attributes: dict[str, int]) -> list:
   """Requests from `config.input`, or the 50 held-out demo prompts when it is empty."""
+  if config.input == "-" and jax.process_count() > 1:
+    raise ConfigError("--config.input=- (stdin): each process would read its own standard"
+                      " input; with several processes give a file every process can read")
   if config.input:
     return steering.read_requests(config.input, attributes, config.system)
   return [steering.make_request(p, attributes, config.system) for p in demo_rows.heldout_prompts()]
@@ -63,10 +66,6 @@ def build_generator(config: ml_collections.ConfigDict, rt: runtime.Runtime,
   sampler = Sampler(model, rt.mesh, rt.rules, max_length=config.max_length or None,
                     pad_id=pad, min_batch=min_batch)
   return Generator(sampler, tokenizer, tuple(config.stop_strings), add_bos=config.add_bos)
-
-
-def _same_request(row: dict, req: steering.Request) -> bool:
-  return all(row.get(k) == v for k, v in req.output_row("").items() if k != "response")
 
 
 def _answer_batch(generator: Generator, batch: list, config: ml_collections.ConfigDict,
@@ -110,14 +109,10 @@ def answer_all(generator: Generator, requests: list, config: ml_collections.Conf
     scorer = load_scorer(bon.scorer, bon.scorer_path, key="best_of_n.scorer")
   weights = best_of_n_lib.weight_vector(bon.weights.to_dict())
   per_batch = max(1, config.batch_size // bon.n)  # n rows per prompt in one batch
-  done = resume.resume_point(out_path, requests, _same_request, "--config.output")
-  with resume.RowWriter(out_path) as writer:
-    for start in range(resume.batch_start(done, per_batch, len(requests)), len(requests),
-                       per_batch):
-      rows = _answer_batch(generator, requests[start: start + per_batch], config, sampling,
-                           config.seed + start, scorer, weights)
-      writer.write(row for i, row in enumerate(rows, start) if i >= done)
-  return done
+  return resume.append_batches(
+      out_path, requests, steering.Request.matches, "--config.output", per_batch,
+      lambda start, batch: _answer_batch(generator, batch, config, sampling,
+                                         config.seed + start, scorer, weights))
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -131,9 +126,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     raise ConfigError(f"best_of_n.n={config.best_of_n.n} needs sampling: set"
                       " --config.sampling.temperature to a value > 0")
   attributes = steering.run_attributes(config, loading.steer_spec(config))
-  if config.mode == "file" and config.input == "-" and jax.process_count() > 1:
-    raise ConfigError("--config.input=- (stdin): each process would read its own standard"
-                      " input; with several processes give a file every process can read")
   requests = read_input(config, attributes) if config.mode == "file" else []
   setup = common.prepare(config, workdir, tokenizer=False, model=False)
   generator = build_generator(config, setup.rt, workdir)
