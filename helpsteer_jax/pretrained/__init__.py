@@ -1,0 +1,1 @@
+"""Real pretrained models shipped inside PyPI packages, built into HF directories offline."""

