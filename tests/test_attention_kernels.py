@@ -108,3 +108,18 @@ def test_cudnn_lowers_to_flash_attention_for_cuda(monkeypatch):
       lowering_platforms=("cuda",)).as_text()
   assert "__cudnn$fmhaScaleBiasSoftmax(" in text and "__cudnn$fmhaScaleBiasSoftmaxBackward" in text
   assert '\\22is_flash_attention\\22: true' in text and '\\22mask_type\\22: \\22CAUSAL\\22' in text
+
+
+def test_dense_attention_in_bf16_runs_batched_on_cpu():
+  """A batch of bf16 rows through the dense path (decode, `xla`) runs on XLA:CPU, which has
+  no batched bf16 x bf16 -> f32 dot, and equals the fp32 computation to bf16 precision
+  (reference: the same attention in fp32)."""
+  keys = jax.random.split(jax.random.key(0), 3)
+  q = jax.random.normal(keys[0], (3, 2, 6, 16))
+  k, v = (jax.random.normal(key, (3, 2, 9, 16)) for key in keys[1:])
+  mask = jnp.tril(jnp.ones((2, 9), bool), 7)[None].repeat(3, 0)
+  dense = jax.jit(attention._dense, static_argnums=(4, 5))
+  low = dense(*(x.astype(jnp.bfloat16) for x in (q, k, v)), mask, None, None)
+  assert low.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(low, np.float32), dense(q, k, v, mask, None, None),
+                             atol=3e-2)

@@ -122,8 +122,9 @@ def _dense(q, k, v, mask, scale, softcap) -> jax.Array:
   scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
   scores = _softcap(scores, softcap)
   probs = jax.nn.softmax(jnp.where(mask[:, None, None], scores, NEG_INF), axis=-1)
-  out = jnp.einsum("bkgts,bksd->btkgd", probs.astype(v.dtype), v,
-                   preferred_element_type=jnp.float32)
+  # No fp32 output for probs . v: XLA:CPU has no batched bf16 x bf16 -> f32 dot, and the
+  # output is rounded to q's dtype anyway (accelerators accumulate in fp32 regardless).
+  out = jnp.einsum("bkgts,bksd->btkgd", probs.astype(v.dtype), v)
   return out.reshape(b, t, h, d).astype(q.dtype)
 
 
