@@ -80,8 +80,10 @@ def _check_judge(config: ml_collections.ConfigDict) -> None:
     if not source:
       raise ConfigError("judge.kind=attribute_model needs --config.judge.scorer=<attribute_model"
                         " workdir, its HF export, or a serve URL http://host:port/v1>")
-    if not source.startswith(("http://", "https://")) and not pathlib.Path(source).exists():
-      raise ConfigError(f"judge.scorer={source}: no such directory")
+    def check_path() -> None:  # decided on process 0: every process stops or none
+      if not source.startswith(("http://", "https://")) and not pathlib.Path(source).exists():
+        raise ConfigError(f"judge.scorer={source}: no such directory")
+    multihost.on_primary(check_path)
     best_of_n.weight_vector(config.judge.weights.to_dict())
 
 
