@@ -157,9 +157,9 @@ def _check_agreement(cfg: ml_collections.ConfigDict) -> None:
         theirs = int(client.blocking_key_value_get(f"{_KEY}/num_processes/{other}", timeout_ms))
       except Exception as e:  # noqa: BLE001 - a timeout: that process never got this far
         raise ConfigError(f"process {other} did not report within distributed."
-                          f"initialization_timeout={cfg.initialization_timeout} s ({e}); start"
-                          " every process with the same"
-                          f" distributed.num_processes={count}") from None
+                          f"initialization_timeout={cfg.initialization_timeout} s ({e}); this"
+                          f" process group has {count} processes: start every process with"
+                          " the same distributed.num_processes") from None
     if theirs != mine:
       who = "the process group has" if other == pid else f"process {other} was started with"
       raise ConfigError(f"this process (id {pid}) was started with distributed.num_processes="
