@@ -58,3 +58,32 @@ def test_weight_decay_skips_norms_and_biases():
   mask = optim._decay_mask(params)
   assert mask == {"embed": True, "final_norm": {"scale": False},
                   "layers": {"attn": {"q_bias": False}}}
+
+
+def test_apply_if_finite_matches_optax_and_has_no_conditional():
+  import jax
+  import jax.numpy as jnp
+  import optax
+  opt = optim.optimizer_config(lr=1e-2, warmup_steps=0, schedule="constant")
+  ours, _ = optim.make_optimizer(opt, 10)
+  inner = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2, b1=opt.b1, b2=opt.b2,
+                                                                  weight_decay=opt.weight_decay,
+                                                                  mask=optim._decay_mask))
+  ref = optax.apply_if_finite(inner, max_consecutive_errors=2)
+  ours = optim.apply_if_finite(inner, max_consecutive_errors=2)
+  params = {"w": jnp.arange(6.0).reshape(2, 3), "norm": jnp.ones(3)}
+  grads = [{"w": jnp.full((2, 3), v), "norm": jnp.full(3, -v)}
+           for v in (0.5, jnp.nan, 2.0, jnp.inf, jnp.nan, jnp.nan, 1.0)]
+  p_ref, s_ref, p_ours, s_ours = params, ref.init(params), params, ours.init(params)
+  for g in grads:  # skips, then gives up after 2 in a row, as optax does
+    u, s_ref = ref.update(g, s_ref, p_ref)
+    p_ref = optax.apply_updates(p_ref, u)
+    u, s_ours = ours.update(g, s_ours, p_ours)
+    p_ours = optax.apply_updates(p_ours, u)
+    for a, b in zip(jax.tree.leaves((p_ref, s_ref)), jax.tree.leaves((p_ours, s_ours))):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+  assert jax.tree.structure(s_ref) == jax.tree.structure(s_ours)
+  assert int(s_ours.total_notfinite) == 4
+  tx, _ = optim.make_optimizer(opt, 10)
+  hlo = jax.jit(tx.update).lower(grads[0], tx.init(params), params).as_text()
+  assert "conditional" not in hlo and "stablehlo.case" not in hlo

@@ -128,7 +128,7 @@ def make_train_step(parts: state_lib.ModelParts, loss_fn: LossFn,
             accumulate, (_tree_zeros_like(state.params), zero_sums),
             (batch, jnp.arange(accum, dtype=jnp.int32)))
       # A non-finite loss poisons the gradient too, so the update is skipped
-      # (`tx` is wrapped in optax.apply_if_finite, see optim.make_optimizer).
+      # (`tx` is wrapped in optim.apply_if_finite, see optim.make_optimizer).
       denom = jnp.maximum(sums["weight"], 1.0)
       with jax.named_scope("optimizer_update"):
         scale = jnp.where(jnp.isfinite(sums["loss"]), 1.0 / denom, jnp.nan)

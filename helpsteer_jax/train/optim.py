@@ -52,11 +52,46 @@ def _decay_mask(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
+def apply_if_finite(inner: optax.GradientTransformation,
+                    max_consecutive_errors: int) -> optax.GradientTransformationExtraArgs:
+  """`optax.apply_if_finite` (same state, same semantics) without a `lax.cond`.
+
+  The inner update always runs and a select keeps the old moments and zero
+  updates when the gradient is not finite. XLA cannot fuse across a
+  conditional: under `lax.cond` the gradient tree (the cond's operand) and
+  the updates tree (its result) are both live, a second fp32 copy of the
+  parameters per device. Selects fuse into each leaf's elementwise update.
+  """
+  inner = optax.with_extra_args_support(inner)
+
+  def init(params):
+    return optax.ApplyIfFiniteState(
+        notfinite_count=jnp.zeros([], jnp.int32), last_finite=jnp.array(True, jnp.bool_),
+        total_notfinite=jnp.zeros([], jnp.int32), inner_state=inner.init(params))
+
+  def update(updates, state, params=None, **extra_args):
+    isfinite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(u)) for u in jax.tree.leaves(updates)]))
+    notfinite_count = jnp.where(isfinite, jnp.zeros([], jnp.int32),
+                                optax.safe_increment(state.notfinite_count))
+    keep = jnp.logical_or(isfinite, notfinite_count > max_consecutive_errors)
+    new_updates, new_inner = inner.update(updates, state.inner_state, params, **extra_args)
+    new_updates = jax.tree.map(lambda u: jnp.where(keep, u, jnp.zeros_like(u)), new_updates)
+    new_inner = jax.tree.map(lambda new, old: jnp.where(keep, new, old), new_inner,
+                             state.inner_state)
+    total = jnp.where(isfinite, state.total_notfinite,
+                      optax.safe_increment(state.total_notfinite))
+    return new_updates, optax.ApplyIfFiniteState(
+        notfinite_count=notfinite_count, last_finite=isfinite, total_notfinite=total,
+        inner_state=new_inner)
+
+  return optax.GradientTransformationExtraArgs(init=init, update=update)
+
+
 def make_optimizer(opt: ml_collections.ConfigDict,
                    num_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """Global-norm clipping followed by AdamW (decoupled weight decay).
 
-  The chain is wrapped in `optax.apply_if_finite`: a non-finite gradient
+  The chain is wrapped in `apply_if_finite`: a non-finite gradient
   skips the whole update (params and moments) and is counted in the
   optimizer state; the training loop aborts on a long run of them.
   """
@@ -67,7 +102,7 @@ def make_optimizer(opt: ml_collections.ConfigDict,
   parts.append(optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps,
                            weight_decay=opt.weight_decay, mask=_decay_mask))
   chain = optax.chain(*parts)
-  return optax.apply_if_finite(chain, max_consecutive_errors=np.iinfo(np.int32).max), schedule
+  return apply_if_finite(chain, max_consecutive_errors=np.iinfo(np.int32).max), schedule
 
 
 def optimizer_config(**overrides: Any) -> ml_collections.ConfigDict:
