@@ -209,6 +209,36 @@ def test_forward_under_mesh_constrains_activations():
   np.testing.assert_allclose(out, expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("mesh_shape", [(2, 4, 1), (1, 4, 2)])
+def test_embedding_keeps_its_table_sharded(mesh_shape):
+  """The lookup gathers token ids, not the table (whose gradient would then be
+  a full fp32 [vocab, hidden] scatter on every device under FSDP; XLA:TPU
+  scatter-adds into the local shard), and equals the single-device values."""
+  mesh = sharding.make_mesh(mesh_shape)
+  model = _model()
+  graphdef, state = nnx.split(model)
+  tokens, _, _ = _packed_inputs(batch=8)
+
+  def loss(state, tokens):
+    x = nnx.merge(graphdef, state)._embed_tokens(tokens).astype(jnp.float32)
+    return jnp.sum(x * jnp.arange(x.shape[-1]))
+
+  step = jax.jit(jax.value_and_grad(loss))
+  expected, expected_grad = step(state, tokens)
+  rules = sharding.DEFAULT_RULES
+  state = jax.device_put(state, builder.state_shardings(state, mesh, rules))
+  with jax.set_mesh(mesh), sharding.axis_rules(rules):
+    tokens = jax.device_put(tokens, jax.NamedSharding(mesh, sharding.batch_spec(rules)))
+    compiled = step.lower(state, tokens).compile()
+    value, grad = compiled(state, tokens)
+  np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(grad["embed"][...], expected_grad["embed"][...], atol=1e-6)
+  vocab = model.cfg.vocab_size // mesh_shape[2]
+  gathers = [line.split("=")[1] for line in compiled.as_text().splitlines()
+             if " all-gather(" in line]
+  assert not [g for g in gathers if f"f32[{vocab}," in g or f"bf16[{vocab}," in g], gathers
+
+
 @pytest.mark.parametrize("length", [48, 44])
 def test_chunked_logits_equal_one_matmul(length):
   model = _model(logits_chunk_size=16)

@@ -88,10 +88,11 @@ class Decoder(nnx.Module):
 
   def _embed_tokens(self, tokens: jax.Array) -> jax.Array:
     with jax.named_scope("embed"):
-      # FSDP all-gathers the embed dim for the lookup; a vocab split over the
-      # tensor axis stays (SPMD turns it into masked local lookups + a sum).
-      table = constrain(self.embed[...], ("vocab", None))
-      x = jnp.take(table, tokens, axis=0).astype(self.cfg.compute_dtype)
+      # The table keeps its sharding: SPMD gathers every row's tokens, looks up
+      # each device's embed slice and all-to-alls to batch shards, so the
+      # backward scatter-adds into the local shard. Gathering the table instead
+      # makes its gradient a full fp32 [vocab, embed] scatter on every device.
+      x = jnp.take(self.embed[...], tokens, axis=0).astype(self.cfg.compute_dtype)
       if self.cfg.scale_embeddings:  # Gemma: the factor rounded to the compute dtype
         x = x * jnp.asarray(math.sqrt(self.cfg.hidden_size), self.cfg.compute_dtype)
       return constrain(x, ("batch", "length", "embed"))
