@@ -125,15 +125,26 @@ def compile_only_devices(topology: Topology, log_dir: str | pathlib.Path) -> lis
 
 
 def memory_report(stats: Any, hbm_bytes: int) -> dict[str, Any]:
-  """Per-device bytes from `compiled.memory_analysis()` and the HBM verdict."""
+  """Per-device bytes from `compiled.memory_analysis()` and the HBM verdict.
+
+  Temporaries are the peak less the live arguments and outputs when XLA
+  reports a peak: libtpu 0.0.42 (jax 0.10.2) and 0.0.50 count the heap's
+  fragmentation twice in `temp_size_in_bytes` (heap + fragmentation; the
+  compiler's own log and libtpu 0.0.52 give the heap), while the peak agrees
+  across versions. XLA's figure is kept as `temporaries_xla`.
+  """
   arguments = int(stats.argument_size_in_bytes)
   outputs = int(stats.output_size_in_bytes)
   aliased = int(stats.alias_size_in_bytes)  # donated state: outputs reuse arguments
-  temps = int(stats.temp_size_in_bytes)
+  temps_xla = int(stats.temp_size_in_bytes)
   code = int(stats.generated_code_size_in_bytes)
-  total = arguments + outputs - aliased + temps + code
+  resident = arguments + outputs - aliased
+  peak = int(getattr(stats, "peak_memory_in_bytes", 0) or 0)
+  temps = min(temps_xla, peak - resident) if peak > resident else temps_xla
+  total = resident + temps + code
   return dict(arguments=arguments, outputs=outputs, aliased=aliased, temporaries=temps,
-              generated_code=code, total=total, hbm=hbm_bytes, fits=total <= hbm_bytes)
+              temporaries_xla=temps_xla, generated_code=code, total=total, hbm=hbm_bytes,
+              fits=total <= hbm_bytes)
 
 
 _OOM = re.compile(r"Used ([\d.]+)([KMGT]) of ([\d.]+)([KMGT]) hbm")
@@ -264,7 +275,9 @@ def format_report(r: dict[str, Any]) -> str:
       "  per-device memory:",
       f"    arguments    {_gib(m['arguments'])}",
       f"    outputs      {_gib(m['outputs'])} ({_gib(m['aliased'])} aliased to donated arguments)",
-      f"    temporaries  {_gib(m['temporaries'])}",
+      f"    temporaries  {_gib(m['temporaries'])}" + (
+          f" (at the peak; XLA's temp size {_gib(m['temporaries_xla'])})"
+          if m.get("temporaries_xla", m["temporaries"]) != m["temporaries"] else ""),
       f"    total        {_gib(m['total'])} of {_gib(m['hbm'])} HBM ->"
       f" {'FITS' if m['fits'] else 'DOES NOT FIT'}",
   ]
