@@ -38,14 +38,15 @@ class Generation:
   hbm_bytes: int        # per chip, from Cloud TPU's system architecture pages
   cores_per_chip: int   # TensorCores per chip (the v4 / v5p names count cores)
   torus_dims: int
-  peak_bf16_flops: float
+  peak_bf16_flops: float    # per chip
+  hbm_bytes_per_second: float  # per chip
 
 
 GENERATIONS = {
-    "v4": Generation("v4", 32 * GIB, 2, 3, 275e12),
-    "v5e": Generation("v5e", 16 * GIB, 1, 2, 197e12),
-    "v5p": Generation("v5p", 95 * GIB, 2, 3, 459e12),
-    "v6e": Generation("v6e", 32 * GIB, 1, 2, 918e12),
+    "v4": Generation("v4", 32 * GIB, 2, 3, 275e12, 1228e9),
+    "v5e": Generation("v5e", 16 * GIB, 1, 2, 197e12, 819e9),
+    "v5p": Generation("v5p", 95 * GIB, 2, 3, 459e12, 2765e9),
+    "v6e": Generation("v6e", 32 * GIB, 1, 2, 918e12, 1640e9),
 }
 _ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6lite": "v6e", "trillium": "v6e"}
 
@@ -182,20 +183,30 @@ def compile_step(spec, hbm_bytes: int) -> dict[str, Any]:
     return report
   report = memory_report(compiled.memory_analysis(), hbm_bytes)
   report["compile_seconds"] = time.perf_counter() - start
-  report["xla_flops_per_device"] = _flops(compiled)
+  report["xla_flops_per_device"] = compiled_cost(compiled)["flops"]
   return report
 
 
-def _flops(compiled) -> float:
+def compiled_cost(compiled) -> dict[str, float]:
+  """Per-device `flops` and `bytes_accessed` from XLA's cost analysis (loop bodies once)."""
   cost = compiled.cost_analysis()
   if isinstance(cost, (list, tuple)):
     cost = cost[0] if cost else {}
-  return float((cost or {}).get("flops", 0.0))
+  cost = cost or {}
+  return {"flops": float(cost.get("flops", 0.0)),
+          "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
 
 
-def unrolled_flops_per_step(config: ml_collections.ConfigDict, make_spec: Callable,
-                            num_layers: int) -> float:
-  """Compiled FLOPs of a whole step, all devices, every loop counted.
+def extrapolate_layers(one: dict[str, float], two: dict[str, float], num_layers: int,
+                       repeats: int = 1) -> dict[str, float]:
+  """Whole-step costs from compiles of 1 and 2 layers: the second layer's increment
+  times the remaining layers, all `repeats` times (micro-batches)."""
+  return {k: repeats * (one[k] + (num_layers - 1) * (two[k] - one[k])) for k in one}
+
+
+def unrolled_cost_per_step(config: ml_collections.ConfigDict, make_spec: Callable,
+                           num_layers: int) -> dict[str, float]:
+  """Compiled FLOPs and bytes accessed of a whole step, all devices, every loop counted.
 
   XLA's cost analysis counts a loop body once, and unrolling 80 layers and
   every micro-batch would make the compile itself the bottleneck. So the
@@ -212,9 +223,19 @@ def unrolled_flops_per_step(config: ml_collections.ConfigDict, make_spec: Callab
     with unrollable.unrolled_for_analysis():
       spec = make_spec(cfg)
       compiled = spec.lower().compile()
-    per.append(_flops(compiled) * spec.rt.mesh.size)
+    per.append({k: v * spec.rt.mesh.size for k, v in compiled_cost(compiled).items()})
   accum = config.train.global_batch // config.train.micro_batch
-  return accum * (per[0] + (num_layers - 1) * (per[1] - per[0]))
+  return extrapolate_layers(per[0], per[1], num_layers, accum)
+
+
+def roofline_seconds(flops_per_device: float, bytes_per_device: float,
+                     generation: str) -> dict[str, float]:
+  """A step's lower bound on one chip: compute-bound and HBM-bound times, and the larger."""
+  g = GENERATIONS[generation]
+  compute = flops_per_device / g.peak_bf16_flops
+  memory = bytes_per_device / g.hbm_bytes_per_second
+  return {"compute_seconds": compute, "hbm_seconds": memory,
+          "step_seconds": max(compute, memory)}
 
 
 def analyze(config: ml_collections.ConfigDict, topology: Topology, devices: list,
@@ -243,10 +264,14 @@ def analyze(config: ml_collections.ConfigDict, topology: Topology, devices: list
       tokens_per_step=spec.tokens_per_step,
       analytic_flops_per_step=spec.analytic_flops_per_step, memory=mem)
   if flops and mem["fits"]:
-    report["compiled_flops_per_step"] = unrolled_flops_per_step(
-        config, make_spec, model_cfg.num_layers)
-    peak = GENERATIONS[topology.generation].peak_bf16_flops * len(devices)
-    report["step_seconds_at_100pct_mfu"] = report["compiled_flops_per_step"] / peak
+    cost = unrolled_cost_per_step(config, make_spec, model_cfg.num_layers)
+    report["compiled_flops_per_step"] = cost["flops"]
+    report["compiled_bytes_accessed_per_step"] = cost["bytes_accessed"]
+    chips = len(devices)
+    report["step_seconds_at_100pct_mfu"] = cost["flops"] / (
+        GENERATIONS[topology.generation].peak_bf16_flops * chips)
+    report["roofline"] = roofline_seconds(cost["flops"] / chips,
+                                          cost["bytes_accessed"] / chips, topology.generation)
   return report
 
 
@@ -287,6 +312,11 @@ def format_report(r: dict[str, Any]) -> str:
     lines.append(f"  FLOPs per step: {r['compiled_flops_per_step']:.4g} compiled,"
                  f" {r['analytic_flops_per_step']:.4g} analytic; at 100% MFU a step takes"
                  f" {r['step_seconds_at_100pct_mfu']:.3g} s")
+  if "roofline" in r:
+    rl = r["roofline"]
+    lines.append(f"  bytes accessed per step: {r['compiled_bytes_accessed_per_step']:.4g};"
+                 f" roofline {rl['step_seconds']:.3g} s a step (compute {rl['compute_seconds']:.3g}"
+                 f" s, HBM {rl['hbm_seconds']:.3g} s)")
   return "\n".join(lines)
 
 

@@ -54,6 +54,18 @@ def test_memory_verdict_counts_donated_outputs_once():
   assert not temps["fits"]
 
 
+def test_cost_extrapolation_and_roofline():
+  """Whole-step costs from 1- and 2-layer compiles; the roofline takes the slower bound."""
+  one, two = {"flops": 10.0, "bytes_accessed": 4.0}, {"flops": 16.0, "bytes_accessed": 7.0}
+  assert aot.extrapolate_layers(one, two, 80, repeats=2) == {
+      "flops": 2 * (10 + 79 * 6), "bytes_accessed": 2 * (4 + 79 * 3)}
+  v5p = aot.GENERATIONS["v5p"]
+  compute_bound = aot.roofline_seconds(2 * v5p.peak_bf16_flops, v5p.hbm_bytes_per_second, "v5p")
+  assert compute_bound == {"compute_seconds": 2.0, "hbm_seconds": 1.0, "step_seconds": 2.0}
+  hbm_bound = aot.roofline_seconds(v5p.peak_bf16_flops, 3 * v5p.hbm_bytes_per_second, "v5p")
+  assert hbm_bound["step_seconds"] == hbm_bound["hbm_seconds"] == 3.0
+
+
 @pytest.mark.slow  # three TPU compiles: ~1 min idle, 3+ min on a loaded 2-core machine
 def test_compile_only_acsft_step_for_v5e_2x2(tmp_path):
   proc = run_main("--config=configs/acsft.py", f"--workdir={tmp_path}",
@@ -71,7 +83,12 @@ def test_compile_only_acsft_step_for_v5e_2x2(tmp_path):
   assert mem["arguments"] >= 3 * 4 * report["params"] / 4
   ratio = report["compiled_flops_per_step"] / report["analytic_flops_per_step"]
   assert 0.9 < ratio < 1.3, ratio
+  roofline = report["roofline"]
+  assert report["compiled_bytes_accessed_per_step"] > 0
+  assert roofline["step_seconds"] == max(roofline["compute_seconds"], roofline["hbm_seconds"])
+  assert roofline["compute_seconds"] == pytest.approx(report["step_seconds_at_100pct_mfu"])
   assert "FITS" in proc.stdout and "per-device memory" in proc.stdout
+  assert "roofline" in proc.stdout
   assert not (tmp_path / "checkpoints").exists()
 
 
