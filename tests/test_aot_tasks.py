@@ -88,3 +88,23 @@ def test_dpo2d_on_the_fly_compiles_for_v5e(tmp_path):
   # Policy params + two Adam moments (fp32, sharded 4 ways) + the frozen reference copy.
   assert mem["arguments"] >= 4 * 4 * report["params"] / 4
   assert jax.devices()[0].platform == "cpu"
+
+
+def test_cost_analysis_counts_the_remat_forward():
+  """Full remat runs each layer's forward again in the backward pass; the unrolled
+  compile that `aot.unrolled_cost_per_step` analyses must keep that recompute (a CSE
+  barrier), or its FLOPs would be those of a step without remat."""
+  from helpsteer_jax import unrollable
+  from helpsteer_jax.tasks import acsft
+
+  def flops(remat):
+    config = task_config("acsft", {"model.num_layers": 2, "train.seq_len": 64,
+                                   "train.global_batch": 8, "train.micro_batch": 8,
+                                   "train.loss_chunk_size": 32, "model.remat_policy": remat})
+    with unrollable.unrolled_for_analysis():
+      spec = acsft.abstract_train_step(config, runtime.setup(config, jax.devices()))
+      return aot.compiled_cost(spec.lower().compile())["flops"]
+
+  none, full = flops("none"), flops("full")
+  # The layers' forward is about a third of their training FLOPs.
+  assert full > 1.15 * none, (none, full)

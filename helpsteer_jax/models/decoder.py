@@ -113,8 +113,11 @@ class Decoder(nnx.Module):
       def call(carry, layer_state, index):
         return step(carry, nnx.merge(graphdef, layer_state), index, window)
       if remat and cfg.remat_policy != "none":
+        # A scanned body needs no CSE barrier, but the layers unrolled for cost
+        # analysis do: without one XLA merges the recomputed forward into the
+        # first and the analysis misses the remat FLOPs the real step runs.
         call = jax.checkpoint(call, policy=_remat_policy(cfg.remat_policy),
-                              prevent_cse=not cfg.scan_layers)
+                              prevent_cse=not cfg.scan_layers or unrollable.unrolling())
       return call
 
     calls = [layer_call(w) for w in windows]
