@@ -15,7 +15,9 @@ compute, fp32 master weights and AdamW moments, splash attention with
 per-device memory of the full-depth step (arguments, outputs aliased to
 donated arguments, temporaries), the compiled FLOPs and bytes accessed of a
 whole step (compiles of 1 and 2 unrolled layers, extrapolated to all layers,
-as `helpsteer_jax.aot` does: XLA counts a loop body once), and a roofline
+as `helpsteer_jax.aot` does: XLA counts a loop body once; those compiles also
+turn off XLA:TPU's windowed einsums, loops over the shards that would
+otherwise be counted once too), and a roofline
 step time from the chip's peak bf16 FLOP/s and HBM bandwidth. Neither count
 includes the splash kernels' own work (Pallas calls are opaque to XLA's cost
 analysis), the same kernels on both sides. Results accumulate in
@@ -113,6 +115,8 @@ def _maxtext_compiled(case: Case, workdir: str, layers: int = 0):
   from maxtext.trainers.pre_train import train_compile as tc
   from maxtext.utils import maxtext_utils, sharding
 
+  from helpsteer_jax import aot
+
   base = pathlib.Path(maxtext.__file__).parent / "configs" / "base.yml"
   argv = ["aot_vs_maxtext", str(base), f"model_name={case.maxtext}",
           f"compile_topology={case.topology}", "compile_topology_num_slices=1",
@@ -125,7 +129,9 @@ def _maxtext_compiled(case: Case, workdir: str, layers: int = 0):
           f"base_output_directory={workdir}", "run_name=aot_vs_maxtext"]
   if layers:
     argv += ["scan_layers=false", f"base_num_decoder_layers={layers}",
-             "override_model_config=true"]
+             "override_model_config=true",
+             "compile_xla_flags=" + " ".join(f"--{k}={str(v).lower()}" for k, v in
+                                             aot.COST_ANALYSIS_TPU_OPTIONS.items())]
   config = pyconfig.initialize(argv)
   tc.validate_config(config)
   mesh = tc.get_topology_mesh(config)

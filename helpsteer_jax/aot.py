@@ -204,6 +204,22 @@ def extrapolate_layers(one: dict[str, float], two: dict[str, float], num_layers:
   return {k: repeats * (one[k] + (num_layers - 1) * (two[k] - one[k])) for k in one}
 
 
+# XLA:TPU may turn an all-gather + matmul (or a matmul + reduce-scatter) into a loop over
+# the shards that overlaps the collective with partial matmuls (a windowed einsum). The
+# FLOPs are the same, but the cost analysis counts a loop body once, so the compiles that
+# are only analysed for cost keep the plain collective and matmul.
+COST_ANALYSIS_TPU_OPTIONS = {
+    "xla_tpu_enable_windowed_einsum_for_all_gather": False,
+    "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False,
+}
+
+
+def cost_analysis_compile(lowered, platform: str):
+  """`lowered` compiled for `compiled_cost`: every loop XLA adds for overlap left out."""
+  return lowered.compile(compiler_options=COST_ANALYSIS_TPU_OPTIONS if platform == "tpu"
+                         else None)
+
+
 def unrolled_cost_per_step(config: ml_collections.ConfigDict, make_spec: Callable,
                            num_layers: int) -> dict[str, float]:
   """Compiled FLOPs and bytes accessed of a whole step, all devices, every loop counted.
@@ -212,7 +228,8 @@ def unrolled_cost_per_step(config: ml_collections.ConfigDict, make_spec: Callabl
   every micro-batch would make the compile itself the bottleneck. So the
   step is compiled with loops unrolled for 1 and 2 layers and one
   micro-batch, and extrapolated linearly (layers, then micro-batches; the
-  optimizer update, ~1e-4 of the step, is thereby counted per micro-batch).
+  optimizer update, ~1e-4 of the step, is thereby counted per micro-batch),
+  without windowed einsums (`COST_ANALYSIS_TPU_OPTIONS`).
   """
   per = []
   for layers in (1, 2):
@@ -222,7 +239,8 @@ def unrolled_cost_per_step(config: ml_collections.ConfigDict, make_spec: Callabl
       cfg.train.global_batch = cfg.train.micro_batch
     with unrollable.unrolled_for_analysis():
       spec = make_spec(cfg)
-      compiled = spec.lower().compile()
+      compiled = cost_analysis_compile(spec.lower(),
+                                       spec.rt.mesh.devices.flat[0].platform)
     per.append({k: v * spec.rt.mesh.size for k, v in compiled_cost(compiled).items()})
   accum = config.train.global_batch // config.train.micro_batch
   return extrapolate_layers(per[0], per[1], num_layers, accum)
