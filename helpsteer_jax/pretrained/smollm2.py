@@ -78,7 +78,12 @@ def is_complete(out_dir: str | os.PathLike) -> bool:
 
 def _write(gguf: pathlib.Path, out_dir: pathlib.Path) -> None:
   """The float32 model, tokenizer and generation config of `gguf` into `out_dir`."""
-  import torch
+  try:
+    import torch
+  except ImportError:
+    raise MissingPackageError(
+        f"PyTorch is not installed; transformers needs it to dequantise {GGUF_FILE}: install"
+        f" torch, or build the directory where it is and point ${ENV_DIR} at it") from None
   import transformers
 
   kwargs = dict(gguf_file=gguf.name)
