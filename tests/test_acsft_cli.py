@@ -9,8 +9,8 @@ import time
 
 import numpy as np
 import pytest
-import torch
 import transformers
+from torch_reference import needs_torch, torch
 
 from helpsteer_jax.data import demo
 
@@ -55,29 +55,41 @@ def test_bad_row_stops_the_run_naming_file_and_line(data_dir, tmp_path):
   assert "helpfulness" in proc.stderr and "on_bad_record" in proc.stderr
 
 
-def test_short_run_skips_bad_rows_checkpoints_and_exports(data_dir, tmp_path):
-  proc = run_main("--config=configs/acsft.py", f"--workdir={tmp_path}",
+@pytest.fixture(scope="module")
+def short_run(data_dir, tmp_path_factory):
+  """Three steps skipping the bad rows, saving every two, exporting: (process, workdir)."""
+  workdir = tmp_path_factory.mktemp("short_run")
+  proc = run_main("--config=configs/acsft.py", f"--workdir={workdir}",
                   f"--config.data.train_path={data_dir}",
                   f"--config.data.validation_path={data_dir}",
                   "--config.data.on_bad_record=skip", "--config.train.num_steps=3",
                   "--config.train.save_every=2", *_SHORT)
+  return proc, workdir
+
+
+def test_short_run_skips_bad_rows_checkpoints_and_exports(short_run):
+  proc, workdir = short_run
   assert "2 bad record(s) skipped" in proc.stdout
-  summary = json.loads((tmp_path / "summary.json").read_text())
+  summary = json.loads((workdir / "summary.json").read_text())
   assert summary["status"] == "finished" and summary["step"] == 3
   assert sum(summary["data"]["bad_records"].values()) == 2
   assert 0 < summary["data"]["packing_efficiency"] <= 1
   assert np.isfinite(summary["eval"]["loss"])
-  records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   train = [r for r in records if "loss" in r]
   assert [r["step"] for r in train] == [1, 2, 3]
   for key in ("loss", "learning_rate", "grad_norm", "tokens_per_s", "step_time", "mfu"):
     assert key in train[-1], key
   assert any(name.startswith("events.out.tfevents")
-             for name in os.listdir(tmp_path / "tensorboard"))
-  assert sorted(os.listdir(tmp_path / "checkpoints"))[:2] == ["2", "3"]
+             for name in os.listdir(workdir / "tensorboard"))
+  assert sorted(os.listdir(workdir / "checkpoints"))[:2] == ["2", "3"]
+  assert (workdir / "hf" / "config.json").is_file()
 
-  # The exported HF directory loads in transformers and runs.
-  hf_dir = tmp_path / "hf"
+
+@needs_torch
+def test_the_export_loads_in_transformers_and_runs(short_run):
+  """The short run's exported HF directory loads in transformers and runs."""
+  hf_dir = short_run[1] / "hf"
   model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir)
   tok = transformers.AutoTokenizer.from_pretrained(hf_dir)
   ids = torch.tensor([tok("What is 3 + 4?").input_ids])

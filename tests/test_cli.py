@@ -4,8 +4,8 @@ import json
 
 import numpy as np
 import pytest
-import torch
 import transformers
+from torch_reference import needs_torch, torch
 
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 
@@ -22,6 +22,7 @@ def test_model_smoke_default_runs(tmp_path):
   assert "parameters:" in proc.stdout
 
 
+@needs_torch
 def test_model_smoke_imports_hf_directory(tmp_path):
   """An HF Llama made by transformers: our top next token equals PyTorch's."""
   tok_dir = demo_tokenizer.build_demo_tokenizer(tmp_path / "tok")

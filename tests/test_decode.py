@@ -11,7 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import transformers
 from flax import nnx
+from torch_reference import needs_torch, torch
 
 from helpsteer_jax import sharding
 from helpsteer_jax.errors import ConfigError
@@ -19,9 +21,6 @@ from helpsteer_jax.inference import decode
 from helpsteer_jax.inference.sampling import SamplingConfig
 from helpsteer_jax.models import builder, families, hf, presets
 from helpsteer_jax.models.kv_cache import KVCache
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
 
 PROMPTS = [[1, 17, 99, 4, 250, 33, 7], [1, 5], [1, 200, 201, 202, 9, 8, 7, 6, 5, 4, 3, 120]]
 
@@ -52,6 +51,7 @@ def _hf_pair(kind, path):
   return model, path
 
 
+@needs_torch
 @pytest.mark.parametrize("kind", sorted(_HF_CONFIGS))
 def test_greedy_matches_transformers_generate(kind, tmp_path):
   """Batched prompts of lengths 7, 2 and 12, left-padded by both frameworks."""

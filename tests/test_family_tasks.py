@@ -2,7 +2,7 @@
 
 References: transformers' Gemma2ForCausalLM, whose soft-capped logits give the
 per-token log-probs our fused losses must reproduce, and transformers loading
-what AC-SFT exports.
+what AC-SFT exports. The training runs start from a Gemma 2 of our own export.
 """
 
 import json
@@ -12,26 +12,30 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 import transformers
+from torch_reference import needs_torch, torch
 
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.losses.pair_logprobs import model_segment_logps
 from helpsteer_jax.losses.sft import sft_loss
-from helpsteer_jax.models import hf
+from helpsteer_jax.models import builder, hf
 
 from cli_utils import run_main
 
 
-def _gemma2(vocab_size: int, seed: int = 0) -> transformers.Gemma2ForCausalLM:
+def _gemma2_config(vocab_size: int) -> transformers.Gemma2Config:
   """Three layers (sliding, full, sliding), a 6-token window, small soft-caps."""
-  torch.manual_seed(seed)
-  cfg = transformers.Gemma2Config(
+  return transformers.Gemma2Config(
       vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
       num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
       sliding_window=6, attn_logit_softcapping=3.0, final_logit_softcapping=4.0,
       max_position_embeddings=256, initializer_range=0.2, attn_implementation="eager")
-  return transformers.Gemma2ForCausalLM(cfg).eval()
+
+
+def _gemma2(vocab_size: int, seed: int = 0):
+  """A random transformers Gemma2ForCausalLM of `_gemma2_config`."""
+  torch.manual_seed(seed)
+  return transformers.Gemma2ForCausalLM(_gemma2_config(vocab_size)).eval()
 
 
 def _hf_token_logprobs(model, tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -43,6 +47,7 @@ def _hf_token_logprobs(model, tokens: np.ndarray, mask: np.ndarray) -> np.ndarra
   return torch.gather(logp, -1, torch.tensor(tokens[:, 1:, None])).squeeze(-1).numpy()
 
 
+@needs_torch
 def test_fused_losses_equal_transformers_on_gemma2(tmp_path):
   """SFT NLL and 2D-DPO per-segment sums from the fused (soft-capped) passes
   equal the log-probs of transformers' Gemma 2 logits."""
@@ -82,18 +87,19 @@ def test_fused_losses_equal_transformers_on_gemma2(tmp_path):
 
 @pytest.fixture(scope="module")
 def gemma2_dir(tmp_path_factory):
+  """A random Gemma 2 of `_gemma2_config` with the demo tokenizer, as an HF directory."""
   out = tmp_path_factory.mktemp("gemma2")
   tok_dir = demo_tokenizer.build_demo_tokenizer(out / "tok")
   tok = transformers.AutoTokenizer.from_pretrained(tok_dir)
-  _gemma2(vocab_size=len(tok)).save_pretrained(out / "hf")
-  tok.save_pretrained(out / "hf")
+  cfg = hf.config_from_hf(_gemma2_config(vocab_size=len(tok)).to_dict())
+  hf.save_hf_model(builder.create(cfg, seed=0), out / "hf", dtype="float32", tokenizer=tok_dir)
   return out / "hf"
 
 
-def test_acsft_then_2d_dpo_on_gemma2(gemma2_dir, tmp_path):
-  """AC-SFT from an HF Gemma 2 exports a Gemma 2 transformers loads; 2D-DPO
-  starts from that export with the policy equal to its on-the-fly reference."""
-  sft_dir = tmp_path / "acsft"
+@pytest.fixture(scope="module")
+def gemma2_sft(gemma2_dir, tmp_path_factory):
+  """The workdir of two AC-SFT steps from `gemma2_dir`, exported in float32."""
+  sft_dir = tmp_path_factory.mktemp("acsft")
   run_main("--config=configs/acsft.py:smollm2_135m", f"--workdir={sft_dir}",
            f"--config.model.hf_path={gemma2_dir}", "--config.train.num_steps=2",
            "--config.train.seq_len=128", "--config.train.global_batch=8",
@@ -102,13 +108,18 @@ def test_acsft_then_2d_dpo_on_gemma2(gemma2_dir, tmp_path):
            "--config.data.demo_train_rows=64", "--config.data.demo_validation_rows=8",
            "--config.optimizer.warmup_steps=1", "--config.mesh.fsdp=4", "--config.mesh.tensor=2",
            "--config.model.attention_block_size=64", "--config.train.export_dtype=float32")
+  return sft_dir
+
+
+def test_acsft_then_2d_dpo_on_gemma2(gemma2_sft, tmp_path):
+  """AC-SFT from an HF Gemma 2 exports a Gemma 2; 2D-DPO starts from that export
+  with the policy equal to its on-the-fly reference."""
+  sft_dir = gemma2_sft
   summary = json.loads((sft_dir / "summary.json").read_text())
   assert summary["status"] == "finished" and summary["step"] == 2
   exported = json.loads((sft_dir / "hf" / "config.json").read_text())
   assert exported["model_type"] == "gemma2"
   assert exported["final_logit_softcapping"] == 4.0 and exported["sliding_window"] == 6
-  model = transformers.AutoModelForCausalLM.from_pretrained(sft_dir / "hf")
-  assert isinstance(model, transformers.Gemma2ForCausalLM)
 
   dpo_dir = tmp_path / "dpo2d"
   run_main("--config=configs/dpo2d.py:llama3_8b", f"--workdir={dpo_dir}",
@@ -125,6 +136,13 @@ def test_acsft_then_2d_dpo_on_gemma2(gemma2_dir, tmp_path):
   rows = [json.loads(line) for line in (dpo_dir / "metrics.jsonl").read_text().splitlines()]
   first = next(r for r in rows if r.get("step") == 1 and "loss" in r)
   assert math.isfinite(first["loss"]) and abs(first["reward_margin"]) < 1e-4
+
+
+@needs_torch
+def test_the_gemma2_export_loads_in_transformers(gemma2_sft):
+  """transformers loads what AC-SFT exported from the Gemma 2 as a Gemma2ForCausalLM."""
+  model = transformers.AutoModelForCausalLM.from_pretrained(gemma2_sft / "hf")
+  assert isinstance(model, transformers.Gemma2ForCausalLM)
 
 
 def test_demo_shape_settings_conflict_with_a_checkpoint(gemma2_dir, tmp_path):

@@ -2,7 +2,8 @@
 
 Every reference model is a tiny random transformers model (`torch.manual_seed`,
 random weights, non-trivial norms and biases) saved with `save_pretrained`;
-nothing is downloaded.
+nothing is downloaded. The tests of error messages, tokenizer files and the
+safetensors writer need no PyTorch and run on a checkpoint of our own export.
 """
 
 import copy
@@ -15,17 +16,16 @@ import jax
 import numpy as np
 import pytest
 import torch_reference
+import transformers
 from flax import nnx
+from safetensors.numpy import load_file, save_file
+from torch_reference import needs_torch, torch
 
 from helpsteer_jax import sharding
 from helpsteer_jax.models import builder, hf
 from helpsteer_jax.models import safetensors_io as st
 from helpsteer_jax.models.config import RopeScaling
 from helpsteer_jax.models.rope import inverse_frequencies
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-from safetensors.torch import load_file, save_file  # noqa: E402
 
 P = jax.sharding.PartitionSpec
 ATOL = 1e-4
@@ -112,6 +112,15 @@ def checkpoints(tmp_path_factory):
   return out
 
 
+@pytest.fixture(scope="module")
+def llama2_dir(tmp_path_factory) -> str:
+  """A random model of the llama2 shape written by our HF export (no PyTorch needed)."""
+  out = tmp_path_factory.mktemp("llama2_ours")
+  model = builder.create(hf.config_from_hf(_hf_config("llama2").to_dict()), seed=0)
+  hf.save_hf_model(model, out, dtype="float32")
+  return str(out)
+
+
 def _batch(batch: int = 8, length: int = 16, vocab: int = 256):
   """Tokens, mask, positions: rows alternate right- and left-padding."""
   rng = np.random.RandomState(1)
@@ -152,6 +161,7 @@ def _check_import(checkpoints, kind, which=1, mesh=None, **overrides):
   return ours
 
 
+@needs_torch
 def test_llama2_parity(checkpoints):
   """Matches transformers 5 `LlamaForCausalLM` (Llama 2 / TinyLlama style,
   v4-style `rope_theta` config, GQA 4 heads / 2 kv heads, padded batch)."""
@@ -160,6 +170,7 @@ def test_llama2_parity(checkpoints):
   assert ours.cfg.hf_architecture == "LlamaForCausalLM"
 
 
+@needs_torch
 def test_llama31_parity_sharded_index(checkpoints):
   """Matches transformers 5 `LlamaForCausalLM` with `rope_type='llama3'`
   (Llama 3.1), read from a sharded `model.safetensors.index.json`."""
@@ -171,6 +182,7 @@ def test_llama31_parity_sharded_index(checkpoints):
   assert not np.allclose(inverse_frequencies(cfg), unscaled)
 
 
+@needs_torch
 def test_mistral_parity(checkpoints):
   """Matches transformers 5 `MistralForCausalLM` (explicit head_dim=32 with
   hidden 64 / 4 heads; a sliding window of 5 on rows of up to 16 tokens)."""
@@ -180,6 +192,7 @@ def test_mistral_parity(checkpoints):
   assert ours.layers.attn.q_proj[...].shape == (2, 64, 4, 32)
 
 
+@needs_torch
 def test_qwen2_parity(checkpoints):
   """Matches transformers 5 `Qwen2ForCausalLM` (random q/k/v biases, tied
   embeddings)."""
@@ -201,6 +214,7 @@ FAMILY_TRAITS = {
 }
 
 
+@needs_torch
 @pytest.mark.parametrize("kind", sorted(FAMILY_TRAITS))
 def test_family_parity(checkpoints, kind):
   """Matches transformers 5 `Qwen3ForCausalLM` / `Gemma2ForCausalLM` /
@@ -211,6 +225,7 @@ def test_family_parity(checkpoints, kind):
     assert getattr(ours.cfg, name) == value, name
 
 
+@needs_torch
 @pytest.mark.parametrize("kind,mesh_shape,impl", [
     ("llama31", (2, 2, 2), "xla"),
     ("qwen2", (1, 8, 1), "blockwise"),
@@ -240,6 +255,7 @@ def test_mesh_parity(checkpoints, kind, mesh_shape, impl):
     assert value.sharding.spec == specs[path], path
 
 
+@needs_torch
 @pytest.mark.parametrize("kind", ["mistral", "gemma2"])
 def test_packed_rows_match_separate_sequences(checkpoints, kind):
   """A row packing sequences of 9 and 7 tokens (segment ids, positions
@@ -264,6 +280,7 @@ def _flat(state):
   return [(path, v.get_value()) for path, v in nnx.to_flat_state(state)]
 
 
+@needs_torch
 @pytest.mark.parametrize("kind", ["llama31", "qwen2", "mistral", "qwen3", "gemma2"])
 def test_round_trip(checkpoints, kind, tmp_path):
   """Import on a (2,2,2) mesh -> export -> transformers 5
@@ -310,6 +327,7 @@ def test_round_trip(checkpoints, kind, tmp_path):
   assert np.abs(got[real] - ref[real]).max() < 0.05 * np.abs(ref[real]).max()
 
 
+@needs_torch
 @pytest.mark.parametrize("torch_dtype", ["bfloat16", "float16"])
 def test_half_precision_checkpoint(checkpoints, tmp_path, torch_dtype):
   """Reads bf16 / fp16 safetensors exactly: matches transformers 5
@@ -340,10 +358,10 @@ def _rewrite(src, dst, edit):
   return path
 
 
-def test_missing_wrong_shape_and_extra_tensors(checkpoints, tmp_path, caplog):
+def test_missing_wrong_shape_and_extra_tensors(llama2_dir, tmp_path, caplog):
   """A missing or mis-shaped tensor is named with its file; extra tensors
   (e.g. old rotary inv_freq buffers) are ignored with a warning."""
-  src = checkpoints["llama2"][1]
+  src = llama2_dir
   name = "model.layers.1.mlp.down_proj.weight"
   path = _rewrite(src, tmp_path / "missing", lambda t: t.pop(name))
   with pytest.raises(hf.CheckpointError, match=name) as err:
@@ -351,14 +369,14 @@ def test_missing_wrong_shape_and_extra_tensors(checkpoints, tmp_path, caplog):
   assert path in str(err.value)
 
   def transpose(t):
-    t[name] = t[name].T.contiguous()
+    t[name] = np.ascontiguousarray(t[name].T)
   path = _rewrite(src, tmp_path / "shape", transpose)
   with pytest.raises(hf.CheckpointError, match=r"shape \(128, 64\)") as err:
     hf.load_hf_model(tmp_path / "shape")
   assert name in str(err.value) and path in str(err.value)
 
   extra = "model.layers.0.self_attn.rotary_emb.inv_freq"
-  _rewrite(src, tmp_path / "extra", lambda t: t.update({extra: torch.ones(8)}))
+  _rewrite(src, tmp_path / "extra", lambda t: t.update({extra: np.ones(8, np.float32)}))
   with caplog.at_level(logging.WARNING, logger=hf.__name__):
     hf.load_hf_model(tmp_path / "extra")
   assert extra in caplog.text
@@ -375,13 +393,13 @@ def _tiny_tokenizer(directory):
   return fast
 
 
-def test_tokenizer_files(checkpoints, tmp_path):
+def test_tokenizer_files(llama2_dir, tmp_path):
   """Exported directories are usable by transformers 5 `AutoTokenizer`."""
   src = tmp_path / "tok"
   fast = _tiny_tokenizer(src)
   with pytest.raises(FileNotFoundError, match="No tokenizer files"):
-    hf.load_tokenizer(checkpoints["llama2"][1])
-  ours = hf.load_hf_model(checkpoints["llama2"][1])
+    hf.load_tokenizer(llama2_dir)
+  ours = hf.load_hf_model(llama2_dir)
   out = tmp_path / "export"
   hf.save_hf_model(ours, out, tokenizer=src)
   loaded = hf.load_tokenizer(out)
@@ -393,8 +411,10 @@ def test_tokenizer_files(checkpoints, tmp_path):
     hf.copy_tokenizer_files(tmp_path / "empty", tmp_path / "none")
 
 
-def test_safetensors_writer_is_readable_by_safetensors(tmp_path):
-  """Files we stream are valid for the reference `safetensors` library."""
+@pytest.mark.parametrize("framework", ["flax", pytest.param("pt", marks=needs_torch)])
+def test_safetensors_writer_is_readable_by_safetensors(tmp_path, framework):
+  """Files we stream are valid for the reference `safetensors` library (read as JAX
+  arrays, and as PyTorch tensors)."""
   import ml_dtypes
   from safetensors import safe_open
   arrays = {"a": np.arange(6, dtype=np.float32).reshape(2, 3),
@@ -402,10 +422,12 @@ def test_safetensors_writer_is_readable_by_safetensors(tmp_path):
             "c": np.ones((3, 1, 2), np.float16)}
   plans = [st.TensorPlan(k, v.shape, v.dtype) for k, v in arrays.items()]
   st.write_file(tmp_path / "x.safetensors", plans, lambda p: arrays[p.name])
-  with safe_open(tmp_path / "x.safetensors", framework="pt") as f:
+  as_fp32 = {"flax": lambda t: np.asarray(t, np.float32),
+             "pt": lambda t: t.float().numpy()}[framework]
+  with safe_open(tmp_path / "x.safetensors", framework=framework) as f:
     assert f.metadata() == {"format": "pt"}
     for k, v in arrays.items():
-      np.testing.assert_array_equal(f.get_tensor(k).float().numpy(), v.astype(np.float32))
+      np.testing.assert_array_equal(as_fp32(f.get_tensor(k)), v.astype(np.float32))
   ours = st.SafetensorsFile(tmp_path / "x.safetensors")
   for k, v in arrays.items():
     np.testing.assert_array_equal(ours.get(k), v)

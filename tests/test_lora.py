@@ -14,14 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch_reference
+import transformers
+from torch_reference import needs_peft, peft, torch
 
 from helpsteer_jax import sharding
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import builder, hf, lora, peft_adapters
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-peft = pytest.importorskip("peft")
 
 ATOL = 1e-4
 MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -43,7 +41,10 @@ def _hf_config(kind: str):
   raise ValueError(kind)
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3", "gemma2"])
+KINDS = ["llama", "qwen3", "gemma2"]
+
+
+@pytest.fixture(scope="module", params=KINDS)
 def base(request, tmp_path_factory):
   """A random transformers causal LM saved as an HF directory: (directory, torch model)."""
   torch.manual_seed(0)
@@ -55,6 +56,15 @@ def base(request, tmp_path_factory):
   out = tmp_path_factory.mktemp(request.param) / "base"
   model.save_pretrained(out)
   return out, model
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def base_dir(request, tmp_path_factory):
+  """A random causal LM of the same shape written by our HF export (no PyTorch needed)."""
+  model = builder.create(hf.config_from_hf(_hf_config(request.param).to_dict()), seed=0)
+  out = tmp_path_factory.mktemp(request.param) / "ours"
+  hf.save_hf_model(model, out, dtype="float32")
+  return out
 
 
 def _mesh():
@@ -82,6 +92,7 @@ def _random_adapters(model, seed=1):
   return nnx.merge(graphdef, jax.tree.unflatten(tree, leaves), rest)
 
 
+@needs_peft
 def test_our_adapters_load_in_peft_and_merge_as_peft_merges(base, tmp_path):
   base_dir, torch_model = base
   ours = hf.load_hf_model(base_dir)
@@ -116,6 +127,7 @@ def test_our_adapters_load_in_peft_and_merge_as_peft_merges(base, tmp_path):
       atol=ATOL, rtol=0)
 
 
+@needs_peft
 def test_an_adapter_made_by_peft_loads_here(base, tmp_path):
   base_dir, _ = base
   fresh = transformers.AutoModelForCausalLM.from_pretrained(base_dir).eval()
@@ -141,8 +153,7 @@ def test_an_adapter_made_by_peft_loads_here(base, tmp_path):
   assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
-def test_bf16_base_weights_under_fp32_adapters(base):
-  base_dir, _ = base
+def test_bf16_base_weights_under_fp32_adapters(base_dir):
   ours = hf.load_hf_model(base_dir)
   adapted = builder.with_adapters(ours, lora.LoraConfig(rank=4, alpha=8.0), _mesh(),
                                   sharding.DEFAULT_RULES, base_dtype="bfloat16")
@@ -170,8 +181,7 @@ def test_unsupported_peft_options_fail_with_a_message(tmp_path, change, message)
     peft_adapters.read_config(tmp_path)
 
 
-def test_an_adapter_of_another_base_and_bad_settings_fail(base, tmp_path):
-  base_dir, _ = base
+def test_an_adapter_of_another_base_and_bad_settings_fail(base_dir, tmp_path):
   ours = hf.load_hf_model(base_dir)
   adapted = builder.with_adapters(ours, lora.LoraConfig(rank=2, alpha=4.0), _mesh(),
                                   sharding.DEFAULT_RULES)

@@ -12,7 +12,9 @@ import json
 import numpy as np
 import pytest
 import torch_reference
+import transformers
 from task_configs import TINY_SHAPE, short_config
+from torch_reference import needs_peft, peft
 
 from helpsteer_jax import runtime
 from helpsteer_jax.config_base import _SHAPE_FIELDS
@@ -20,10 +22,6 @@ from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.models import builder, hf, presets
 from helpsteer_jax.tasks import acsft, attribute_model, generate
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-peft = pytest.importorskip("peft")
 
 ATOL = 1e-4
 
@@ -55,6 +53,7 @@ def _tokens(vocab):
   return tokens, np.ones_like(tokens), np.broadcast_to(np.arange(16), tokens.shape).copy()
 
 
+@needs_peft
 def test_acsft_lora_exports_a_peft_adapter_and_generate_takes_it(base_dir, tmp_path):
   work = tmp_path / "acsft"
   summary = acsft.run(_on_base(short_config("acsft", export=True), base_dir), str(work))
@@ -105,6 +104,7 @@ def generate_config(hf_path, adapter=None):
   return cfg
 
 
+@needs_peft
 def test_attribute_model_lora_exports_a_peft_sequence_classifier(base_dir, tmp_path):
   work = tmp_path / "rm"
   cfg = _on_base(short_config("attribute_model", export=True), base_dir, rank=2)

@@ -10,12 +10,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import transformers
+from torch_reference import needs_torch, torch
 
 from helpsteer_jax.models import hf
 from helpsteer_jax.models.swiglu import gated_mlp, swiglu
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
 
 
 def _plain(x, wg, wu, wd, activation="silu"):
@@ -69,6 +68,7 @@ _GRAD_CONFIGS = {
 }
 
 
+@needs_torch
 @pytest.mark.parametrize("kind", sorted(_GRAD_CONFIGS))
 def test_model_weight_gradients_match_pytorch(tmp_path, kind):
   """d(sum of per-token cross-entropy)/d(every weight) vs the transformers

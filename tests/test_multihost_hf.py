@@ -1,8 +1,8 @@
 """HF checkpoint import and export from two processes (4 CPU devices each).
 
-A tiny transformers Llama checkpoint, in several safetensors files, is
-imported onto a mesh whose fsdp axis spans both processes
-(`hf_multihost_worker.py`, launched by `multiprocess.Group`). The reference
+A tiny random Llama checkpoint (transformers' config, our export's writer), in
+several safetensors files, is imported onto a mesh whose fsdp axis spans both
+processes (`hf_multihost_worker.py`, launched by `multiprocess.Group`). The reference
 is the same worker code run in this process on 8 devices: the same mesh
 shape, one process. Each process must read only the blocks its devices hold
 (the expected bytes are worked out here from the shardings), the logits
@@ -17,6 +17,7 @@ import os
 import jax
 import numpy as np
 import pytest
+import transformers
 from flax import nnx
 
 from helpsteer_jax import sharding
@@ -27,9 +28,6 @@ import hf_multihost_worker as worker
 from conftest import REPO_ROOT
 from multiprocess import run_group
 
-transformers = pytest.importorskip("transformers")
-torch = pytest.importorskip("torch")
-
 pytestmark = pytest.mark.multihost
 
 P = jax.sharding.PartitionSpec
@@ -37,13 +35,13 @@ P = jax.sharding.PartitionSpec
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> str:
-  torch.manual_seed(0)
   cfg = transformers.LlamaConfig(
       hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
       num_key_value_heads=2, vocab_size=256, max_position_embeddings=128,
       initializer_range=0.2, tie_word_embeddings=False)
   path = tmp_path_factory.mktemp("llama")
-  transformers.LlamaForCausalLM(cfg).save_pretrained(path, max_shard_size="100KB")
+  model = builder.create(hf.config_from_hf(cfg.to_dict()), seed=0)
+  hf.save_hf_model(model, path, dtype="float32", max_shard_bytes=100_000)
   assert len(list(path.glob("*.safetensors"))) > 1
   return str(path)
 

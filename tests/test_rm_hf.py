@@ -5,7 +5,8 @@ References: transformers 5's PyTorch `LlamaForSequenceClassification`,
 (`GenericForSequenceClassification`: a bias-free `score` layer read at the
 rightmost token that is not `pad_token_id`). Reference models are tiny,
 random (`torch.manual_seed`, non-trivial norms) and saved with
-`save_pretrained`; nothing is downloaded.
+`save_pretrained`; nothing is downloaded. The refusal and detection tests need
+no PyTorch: they read our export, or config.json as transformers writes it.
 """
 
 import json
@@ -14,17 +15,16 @@ import jax
 import numpy as np
 import pytest
 import torch_reference
+import transformers
 from flax import nnx
 from safetensors.numpy import load_file, save_file
+from torch_reference import needs_torch, torch
 
 from helpsteer_jax import sharding
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import builder, hf, reward_hf
 from helpsteer_jax.models.reward import reward_model
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
 
 ATOL = 1e-4
 PAD = 0
@@ -90,6 +90,7 @@ def _tensors(directory) -> dict[str, np.ndarray]:
   return out
 
 
+@needs_torch
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "gemma2"])
 def test_export_loads_in_transformers_with_equal_scores(kind, tmp_path):
   """transformers' `AutoModelForSequenceClassification` loads our export and its logits on a
@@ -158,7 +159,8 @@ def test_head_with_bias_is_refused(tmp_path):
     reward_hf.save_reward_hf(model, tmp_path / "out", dtype="float32")
   assert not (tmp_path / "out").exists()
 
-  _, ref_dir = _reference("llama", tmp_path)
+  ref_dir = tmp_path / "bias_free"
+  reward_hf.save_reward_hf(reward_model(cfg), ref_dir, dtype="float32")
   tensors = _tensors(ref_dir)
   tensors["score.bias"] = np.ones(len(ATTRIBUTES), np.float32)
   (ref_dir / "model.safetensors").unlink()
@@ -167,13 +169,18 @@ def test_head_with_bias_is_refused(tmp_path):
     reward_hf.load_reward_hf(ref_dir)
 
 
+def _save_config(config, architecture: str, path) -> None:
+  """config.json as transformers' `save_pretrained` of an `architecture` model writes it."""
+  config.architectures = [architecture]
+  config.save_pretrained(path)
+
+
 def test_other_classifiers_are_refused(tmp_path):
   """A sequence classifier whose labels are not the nine attributes (transformers'
   default two-label head) is refused, not read into the wrong slots."""
   config = _hf_config("llama")
   config.num_labels = 2
-  model = transformers.AutoModelForSequenceClassification.from_config(config)
-  model.save_pretrained(tmp_path / "two")
+  _save_config(config, "LlamaForSequenceClassification", tmp_path / "two")
   assert reward_hf.is_reward_dir(tmp_path / "two")
   with pytest.raises(ConfigError, match="id2label"):
     reward_hf.load_reward_hf(tmp_path / "two")
@@ -181,8 +188,7 @@ def test_other_classifiers_are_refused(tmp_path):
 
 def test_detection_and_abstract_shapes(tmp_path):
   """`is_reward_dir` reads config.json `architectures`; a causal LM directory is not one."""
-  causal = transformers.AutoModelForCausalLM.from_config(_hf_config("llama"))
-  causal.save_pretrained(tmp_path / "lm")
+  _save_config(_hf_config("llama"), "LlamaForCausalLM", tmp_path / "lm")
   assert not reward_hf.is_reward_dir(tmp_path / "lm")
   assert not reward_hf.is_reward_dir(tmp_path / "missing")
   cfg = hf.config_from_hf(tmp_path / "lm")

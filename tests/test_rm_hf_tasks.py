@@ -6,8 +6,10 @@ import json
 
 import numpy as np
 import pytest
+import transformers
 from safetensors.numpy import load_file
 from task_configs import TINY_SHAPE, short_config
+from torch_reference import needs_torch, torch
 
 from helpsteer_jax import reward_runtime, runtime
 from helpsteer_jax.data.features import rm as rm_data
@@ -19,9 +21,6 @@ from helpsteer_jax.models import hf
 from helpsteer_jax.tasks import annotate, attribute_model, evaluate_rm, export_rm
 
 from cli_utils import run_main
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
 
 SHAPE = TINY_SHAPE
 
@@ -47,11 +46,11 @@ def _tensors(directory):
   return out
 
 
-def test_training_exports_a_transformers_reward_model(trained, tmp_path):
+@needs_torch
+def test_training_exports_a_transformers_reward_model(trained):
   """The end-of-training export loads in transformers' AutoModelForSequenceClassification
   (reference) with the nine attribute labels and the tokenizer's pad id, and its scores
-  of demo conversations equal the Orbax checkpoint's through our scorer (1e-4, fp32);
-  export_rm converts the Orbax checkpoint to the same tensors bit for bit."""
+  of demo conversations equal the Orbax checkpoint's through our scorer (1e-4, fp32)."""
   out = trained / "hf"
   model = transformers.AutoModelForSequenceClassification.from_pretrained(
       out, dtype=torch.float32).eval()
@@ -77,6 +76,15 @@ def test_training_exports_a_transformers_reward_model(trained, tmp_path):
   np.testing.assert_allclose(theirs.numpy(), ours, atol=1e-4, rtol=0)
   assert np.abs(ours).max() > 1e-3
 
+
+def test_export_rm_converts_the_checkpoint_to_the_training_export(trained, tmp_path):
+  """The end-of-training export's config, read by transformers' AutoConfig, has the nine
+  attribute labels and the tokenizer's pad id; export_rm converts the Orbax checkpoint to
+  the export's tensors bit for bit (reference: that export)."""
+  out = trained / "hf"
+  hf_config = transformers.AutoConfig.from_pretrained(out)
+  assert hf_config.pad_token_id == hf.load_tokenizer(out).pad_token_id
+  assert hf_config.num_labels == 9
   conv = config("export_rm", init={"checkpoint": str(trained)})
   conv.tokenizer, conv.dtype = str(trained / "demo_tokenizer"), "float32"
   export_rm.run(conv, str(tmp_path / "export"))

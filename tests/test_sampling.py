@@ -10,12 +10,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import transformers
+from torch_reference import needs_torch, torch
 
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import sampling
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
 
 
 def _logits(seed=0, shape=(4, 50)):
@@ -41,33 +40,52 @@ def _np_top_p(x, p):
   return keep
 
 
+def _warper_keeps(warper, x):
+  """The tokens transformers' logits warper leaves finite."""
+  return warper(None, torch.from_numpy(x)).numpy() > -np.inf
+
+
+_TIES = np.array([[3.0, 1.0, 2.0, 2.0, 0.0]], np.float32)
+
+
 @pytest.mark.parametrize("k", [1, 5, 17, 50])
 def test_top_k_keeps_exactly_the_k_largest(k):
   x = _logits()
   ours = np.asarray(sampling.top_k_mask(jnp.asarray(x), k))
-  ref = transformers.TopKLogitsWarper(top_k=k)(None, torch.from_numpy(x)).numpy() > -np.inf
-  np.testing.assert_array_equal(ours, ref)
   np.testing.assert_array_equal(ours, _np_top_k(x, k))
   assert (ours.sum(-1) == k).all()
 
 
 def test_top_k_keeps_ties_at_the_boundary():
-  x = np.array([[3.0, 1.0, 2.0, 2.0, 0.0]], np.float32)
-  ours = np.asarray(sampling.top_k_mask(jnp.asarray(x), 2))
-  ref = transformers.TopKLogitsWarper(top_k=2)(None, torch.from_numpy(x)).numpy() > -np.inf
-  np.testing.assert_array_equal(ours, ref)
+  ours = np.asarray(sampling.top_k_mask(jnp.asarray(_TIES), 2))
   np.testing.assert_array_equal(ours[0], [True, False, True, True, False])
+
+
+@needs_torch
+@pytest.mark.parametrize("x,k", [(_logits(), 1), (_logits(), 5), (_logits(), 17),
+                                 (_logits(), 50), (_TIES, 2)],
+                         ids=["k1", "k5", "k17", "k50", "ties"])
+def test_top_k_matches_transformers_warper(x, k):
+  ours = np.asarray(sampling.top_k_mask(jnp.asarray(x), k))
+  np.testing.assert_array_equal(ours, _warper_keeps(transformers.TopKLogitsWarper(top_k=k), x))
 
 
 @pytest.mark.parametrize("p", [0.05, 0.3, 0.75, 0.95])
 def test_top_p_keeps_the_nucleus(p):
   x = _logits(seed=1)
   ours = np.asarray(sampling.top_p_mask(jnp.asarray(x), p))
-  ref = transformers.TopPLogitsWarper(top_p=p)(None, torch.from_numpy(x)).numpy() > -np.inf
-  np.testing.assert_array_equal(ours, ref)
   np.testing.assert_array_equal(ours, _np_top_p(x, p))
 
 
+@needs_torch
+@pytest.mark.parametrize("p", [0.05, 0.3, 0.75, 0.95])
+def test_top_p_matches_transformers_warper(p):
+  x = _logits(seed=1)
+  ours = np.asarray(sampling.top_p_mask(jnp.asarray(x), p))
+  np.testing.assert_array_equal(ours, _warper_keeps(transformers.TopPLogitsWarper(top_p=p), x))
+
+
+@needs_torch
 def test_filter_matches_transformers_warper_chain():
   x = _logits(seed=2)
   cfg = sampling.SamplingConfig(temperature=0.7, top_k=20, top_p=0.8)
