@@ -143,23 +143,30 @@ class _JoinDeadline:
 
 
 def _check_agreement(cfg: ml_collections.ConfigDict) -> None:
-  """Every process must have been started with the same process count."""
+  """Every process must have been started with the same process count.
+
+  Each process reports its count, and all read every report between two
+  barriers before any judges them: process 0 hosts the coordination service,
+  so once it leaves with the error the others could no longer read its report.
+  """
   client = _client()
   pid, count = jax.process_index(), jax.process_count()
   mine = int(cfg.num_processes) if cfg.num_processes > 0 else count
   client.key_value_set(f"{_KEY}/num_processes/{pid}", str(mine))
   timeout_ms = int(cfg.initialization_timeout) * 1000
+  try:
+    client.wait_at_barrier(f"{_KEY}/num_processes_reported", timeout_ms)
+    reported = {other: int(client.blocking_key_value_get(f"{_KEY}/num_processes/{other}",
+                                                         timeout_ms))
+                for other in range(count) if other != pid}
+    client.wait_at_barrier(f"{_KEY}/num_processes_read", timeout_ms)
+  except Exception as e:  # noqa: BLE001 - a timeout: some process never got this far
+    raise ConfigError(f"not every process reported within distributed.initialization_timeout="
+                      f"{cfg.initialization_timeout} s ({e}); this process group has {count}"
+                      " processes: start every process with the same"
+                      " distributed.num_processes") from None
   for other in range(count):
-    if other == pid:
-      theirs = count  # the process group's own count
-    else:
-      try:
-        theirs = int(client.blocking_key_value_get(f"{_KEY}/num_processes/{other}", timeout_ms))
-      except Exception as e:  # noqa: BLE001 - a timeout: that process never got this far
-        raise ConfigError(f"process {other} did not report within distributed."
-                          f"initialization_timeout={cfg.initialization_timeout} s ({e}); this"
-                          f" process group has {count} processes: start every process with"
-                          " the same distributed.num_processes") from None
+    theirs = count if other == pid else reported[other]  # the group's own count for itself
     if theirs != mine:
       who = "the process group has" if other == pid else f"process {other} was started with"
       raise ConfigError(f"this process (id {pid}) was started with distributed.num_processes="
