@@ -70,6 +70,19 @@ class Topology:
   def hbm_bytes(self) -> int:
     return GENERATIONS[self.generation].hbm_bytes
 
+  @property
+  def wrap(self) -> tuple[bool, bool, bool]:
+    """Wraparound links per torus dimension, as the real slice has them: v4 / v5p slices
+    of whole 4x4x4 cubes are 3D tori; a v5e / v6e side of a full pod's 16 chips wraps.
+
+    libtpu's compile-only topology has none unless told, and XLA:TPU then compiles an
+    FSDP all-gather on a 4x4x4 slice as a dynamic-update-slice into zeros plus a
+    full-size all-reduce, where the real slice gets a native all-gather.
+    """
+    if len(self.shape) == 3:
+      return (all(d % 4 == 0 for d in self.shape),) * 3
+    return (*(d == 16 for d in self.shape), False)
+
 
 def slice_shape(chips: int, dims: int) -> tuple[int, ...]:
   """The standard slice shape of `chips` chips (v5p-128 -> 4x4x4, v5e-256 -> 16x16)."""
@@ -117,7 +130,7 @@ def compile_only_devices(topology: Topology, log_dir: str | pathlib.Path) -> lis
   from jax.experimental import topologies
   try:
     desc = topologies.get_topology_desc(topology.libtpu_name, "tpu",
-                                        num_slices=topology.slices)
+                                        num_slices=topology.slices, wrap=topology.wrap)
   except Exception as e:  # libtpu missing or a topology it does not know
     raise ConfigError(f"cannot build compile-only devices for {topology.libtpu_name}"
                       f" x{topology.slices}: {e}; install the tpu extra"

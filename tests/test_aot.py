@@ -22,6 +22,44 @@ def test_topology_names(name, generation, shape):
   assert topo.libtpu_name == f"{generation}:{'x'.join(map(str, shape))}"
 
 
+@pytest.mark.parametrize("name, wrap", [
+    ("v5p-128", (True, True, True)), ("v5p-256", (True, True, True)),
+    ("v5p-64", (False, False, False)), ("v5p-8", (False, False, False)),
+    ("v4-128", (True, True, True)), ("v6e-256", (True, True, False)),
+    ("v6e-128", (False, True, False)), ("v5e-64", (False, False, False)),
+])
+def test_wraparound_links_as_on_the_real_slice(name, wrap):
+  """The reference is MaxText's accelerator_to_spec_map (Cloud TPU's slice shapes)."""
+  assert aot.parse_topology(name).wrap == wrap
+
+
+def test_a_4x4x4_slice_gathers_fsdp_weights_with_a_native_all_gather(tmp_path):
+  """Without its wraparound links a compile-only v5p-128 turns an FSDP all-gather into a
+  dynamic-update-slice into zeros + a full-size all-reduce (three times the HBM traffic);
+  the real slice, and MaxText's compile-only one, gathers natively."""
+  import jax
+  import jax.numpy as jnp
+  from jax.experimental import topologies
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  from helpsteer_jax import sharding
+
+  def gather_program(devices) -> str:
+    mesh = sharding.make_mesh((1, len(devices), 1), devices)
+    w = jax.ShapeDtypeStruct((8192, 28672), jnp.bfloat16,
+                             sharding=NamedSharding(mesh, P("fsdp", None)))
+    gather = jax.jit(lambda w: w * 2, out_shardings=NamedSharding(mesh, P()))
+    return gather.lower(w).compile().as_text()
+
+  topology = aot.parse_topology("v5p-128")
+  text = gather_program(aot.compile_only_devices(topology, tmp_path / "tpu_logs"))
+  assert " all-gather(" in text and " all-reduce(" not in text
+  unwrapped = topologies.get_topology_desc(topology.libtpu_name, "tpu").devices
+  text = gather_program(list(unwrapped))
+  assert " all-gather(" not in text and " all-reduce(" in text  # what `wrap` fixes
+
+
 def test_slices_and_bad_names():
   assert aot.parse_topology("v5e-256", slices=4).chips == 1024
   for bad in ("v7x-8", "v5p-100", "v5p-3", "tpu"):
