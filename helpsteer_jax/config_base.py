@@ -29,6 +29,11 @@ _SHAPE_FIELDS = {
 }
 
 
+def unknown_preset(task: str, preset: str, presets: tuple[str, ...]) -> ConfigError:
+  """The error a task file's `get_config` raises for a preset it does not have."""
+  return ConfigError(f"unknown {task} preset {preset!r}; choose one of {', '.join(presets)}")
+
+
 def model_section(preset: str = "tiny", **knobs: Any) -> ml_collections.ConfigDict:
   """The `config.model` section: a preset or an HF directory, plus knobs."""
   cfg = ml_collections.ConfigDict()

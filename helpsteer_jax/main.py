@@ -1,23 +1,24 @@
-"""Command-line entry point.
+"""Command-line entry point (the `helpsteer-jax` command).
 
-python -m helpsteer_jax.main --config=configs/<task>.py[:preset] \
-    [--config.key=value ...] [--workdir=DIR]
+helpsteer-jax --config=<task>[:preset] [--config.key=value ...] [--workdir=DIR]
+python -m helpsteer_jax.main --config=configs/<task>.py[:preset] ...  (the same)
 """
 
 from __future__ import annotations
 
 import os
-import runpy
 import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from helpsteer_jax import cpu_env
-from helpsteer_jax.errors import DataError, HelpsteerError
+from helpsteer_jax import cpu_env, platforms, task_configs
+from helpsteer_jax.errors import ConfigError, DataError, HelpsteerError
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Task config file, optionally with ':preset'.", lock_config=True)
+    "config", None, "A task (acsft, dpo2d, ...) or a task config file, optionally with"
+    " ':preset'.", lock_config=True)
+_HELP = ("-h", "--help", "-help", "--h")
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Directory for checkpoints, logs and outputs"
     " (default: config.workdir, else ./workdir/<task>).")
@@ -37,12 +38,12 @@ def _fail(message: str) -> None:
 
 def _unknown_key_hint(argv: list[str]) -> str:
   """Names the first `--config.a.b` override whose key does not exist."""
-  spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  spec = _config_spec(argv)
   if spec is None:
     return ""
-  path, _, preset = spec.partition(":")
+  path, preset = task_configs.split_spec(spec)
   try:
-    module = runpy.run_path(path)
+    module = task_configs.load(path)
     config = module["get_config"](preset) if preset else module["get_config"]()
   except Exception:  # the config file itself is broken: absl's message says why
     return ""
@@ -60,8 +61,45 @@ def _unknown_key_hint(argv: list[str]) -> str:
   return ""
 
 
+def _program(argv0: str) -> str:
+  name = os.path.basename(argv0)
+  return "python -m helpsteer_jax.main" if name in ("main.py", "__main__.py") else name
+
+
+def _resolve_config(argv: list[str]) -> list[str]:
+  """`--config=<task>[:preset]` (or `--config <task>`) as the packaged file's path."""
+  argv = list(argv)
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      argv[i] = "--config=" + task_configs.resolve(arg.split("=", 1)[1])
+      return argv
+    if arg == "--config" and i + 1 < len(argv):
+      argv[i + 1] = task_configs.resolve(argv[i + 1])
+      return argv
+  return argv
+
+
+def _config_spec(argv: list[str]) -> str | None:
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      return arg.split("=", 1)[1]
+    if arg == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
   """absl flag parsing that turns config errors into one readable message."""
+  if any(a in _HELP for a in argv[1:]):
+    print(task_configs.help_text(_program(argv[0])))
+    sys.exit(0)
+  argv = _resolve_config(argv)
+  spec = _config_spec(argv)
+  if spec is not None:
+    try:
+      task_configs.check_preset(spec)
+    except ConfigError as e:
+      _fail(str(e))
   try:
     return flags.FLAGS(argv)
   except (flags.Error, AttributeError, KeyError, ValueError, TypeError) as e:
@@ -88,7 +126,7 @@ def main(argv: list[str]) -> None:
   from helpsteer_jax import tasks
   config = _CONFIG.value
   if config is None:
-    _fail("--config=configs/<task>.py[:preset] is required")
+    _fail("--config=<task>[:preset] is required (--help lists the tasks)")
   try:
     task = tasks.get_task(config.task)
     workdir = _WORKDIR.value or config.get("workdir") or f"workdir/{config.task}"
@@ -118,6 +156,7 @@ def main(argv: list[str]) -> None:
 
 def run() -> None:
   cpu_env.reexec_with_malloc_tunables()
+  platforms.skip_absent_tpu()
   app.run(main, flags_parser=_parse_flags)
 
 

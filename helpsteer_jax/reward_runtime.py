@@ -362,5 +362,4 @@ def scoring_preset(config: ml_collections.ConfigDict, preset: str) -> ml_collect
     if "score" in config:
       config.score.batch_size = 8
     return config
-  raise ValueError(f"unknown {config.task} preset {preset!r}; choose one of"
-                   f" {', '.join(SCORING_PRESETS)}")
+  raise config_base.unknown_preset(config.task, preset, SCORING_PRESETS)

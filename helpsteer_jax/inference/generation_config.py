@@ -44,4 +44,4 @@ def generation_config(task: str, preset: str = "") -> ml_collections.ConfigDict:
     config.max_length = 4096
     config.require_hf_path = preset != "smollm2_135m"
     return config
-  raise ValueError(f"unknown {task} preset {preset!r}; choose {', '.join(PRESETS)}")
+  raise config_base.unknown_preset(task, preset, PRESETS)

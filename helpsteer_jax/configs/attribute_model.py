@@ -1,10 +1,10 @@
 """Attribute Prediction Model (SteerLM step 1) and Bradley-Terry reward models.
 
-  python -m helpsteer_jax.main --config=configs/attribute_model.py        # demo, CPU, < 3 min
-  python -m helpsteer_jax.main --config=configs/attribute_model.py:llama3_70b_helpsteer2 \
+  helpsteer-jax --config=configs/attribute_model.py        # demo, CPU, < 3 min
+  helpsteer-jax --config=configs/attribute_model.py:llama3_70b_helpsteer2 \
       --config.model.hf_path=/models/Meta-Llama-3-70B \
       --config.data.train_path=/data/HelpSteer2 --config.data.validation_path=/data/HelpSteer2
-  python -m helpsteer_jax.main --config=configs/attribute_model.py:llama3_1_70b_scaled_bt \
+  helpsteer-jax --config=configs/attribute_model.py:llama3_1_70b_scaled_bt \
       --config.init.checkpoint=workdir/attribute_model --config.tokenizer=/models/Llama-3.1-70B \
       --config.data.train_path=/data/HelpSteer2 --config.data.validation_path=/data/HelpSteer2
 
@@ -20,6 +20,8 @@ from helpsteer_jax import config_base
 from helpsteer_jax.reward_runtime import init_config, score_config
 from helpsteer_jax.train.loop import train_config
 from helpsteer_jax.train.optim import optimizer_config
+
+PRESETS = ("demo", "llama3_70b_helpsteer2", "llama2_13b_helpsteer", "llama3_1_70b_scaled_bt")
 
 
 def _demo(config):
@@ -79,5 +81,4 @@ def get_config(preset: str = ""):
     config.require_hf_path = False
     config.require_init_checkpoint = True
     return config
-  raise ValueError(f"unknown attribute_model preset {preset!r}; choose demo,"
-                   " llama3_70b_helpsteer2, llama2_13b_helpsteer or llama3_1_70b_scaled_bt")
+  raise config_base.unknown_preset("attribute_model", preset, PRESETS)

@@ -1,9 +1,9 @@
 """Convert a trained attribute model (Orbax checkpoint) to an HF sequence-classification directory.
 
-  python -m helpsteer_jax.main --config=configs/attribute_model.py      # train the demo RM
-  python -m helpsteer_jax.main --config=configs/export_rm.py \
+  helpsteer-jax --config=configs/attribute_model.py      # train the demo RM
+  helpsteer-jax --config=configs/export_rm.py \
       --config.output=workdir/attribute_model_hf                         # convert it
-  python -m helpsteer_jax.main --config=configs/export_rm.py:llama3_70b \
+  helpsteer-jax --config=configs/export_rm.py:llama3_70b \
       --config.init.checkpoint=/runs/attribute_model --config.tokenizer=/models/Meta-Llama-3-70B \
       --config.output=/models/Llama3-70B-attribute-model-hf
 
@@ -13,7 +13,9 @@ Presets: the model shapes of the evaluate_rm / annotate presets.
 """
 
 from helpsteer_jax import config_base
-from helpsteer_jax.reward_runtime import init_config, scoring_preset
+from helpsteer_jax.reward_runtime import SCORING_PRESETS, init_config, scoring_preset
+
+PRESETS = SCORING_PRESETS
 
 
 def get_config(preset: str = ""):

@@ -1,12 +1,12 @@
 """An OpenAI-compatible server for a SteerLM model (chat, completions, rewards).
 
   # the default AC-SFT run's model on http://127.0.0.1:8000/v1
-  python -m helpsteer_jax.main --config=configs/serve.py --config.checkpoint=workdir/acsft
+  helpsteer-jax --config=configs/serve.py --config.checkpoint=workdir/acsft
   # an HF directory, sampled by default as OpenAI's API, with the attribute model's rewards
-  python -m helpsteer_jax.main --config=configs/serve.py --config.model.hf_path=workdir/acsft/hf \
+  helpsteer-jax --config=configs/serve.py --config.model.hf_path=workdir/acsft/hf \
       --config.reward.checkpoint=workdir/attribute_model
   # a published SteerLM model, tensor-parallel over 8 devices, behind an API key
-  HELPSTEER_API_KEY=secret python -m helpsteer_jax.main --config=configs/serve.py:llama3_70b \
+  HELPSTEER_API_KEY=secret helpsteer-jax --config=configs/serve.py:llama3_70b \
       --config.model.hf_path=/models/Llama3-70B-SteerLM-Chat
 
 Presets as configs/generate.py: the default (the demo `tiny` model, labels
@@ -22,6 +22,8 @@ from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.best_of_n import HELPSTEER2_WEIGHTS
 from helpsteer_jax.inference.generator import DEFAULT_STOP_STRINGS
 from helpsteer_jax.reward_runtime import DEMO_SHAPE
+
+PRESETS = ("demo", "llama2_70b", "llama3_70b", "llama3_8b", "smollm2_135m")
 
 
 def reward_section() -> ml_collections.ConfigDict:
@@ -65,10 +67,9 @@ def get_config(preset: str = ""):
     config.model = config_base.model_section("tiny")
     config.serve.max_length = 1024
     return config
-  if preset in ("llama2_70b", "llama3_70b", "llama3_8b", "smollm2_135m"):
+  if preset in PRESETS:
     config.model = config_base.model_section(preset, dtype="bfloat16", param_dtype="bfloat16")
     config.serve.max_length = 4096
     config.require_hf_path = preset != "smollm2_135m"
     return config
-  raise ValueError(f"unknown serve preset {preset!r}; choose demo, llama2_70b, llama3_70b,"
-                   " llama3_8b or smollm2_135m")
+  raise config_base.unknown_preset("serve", preset, PRESETS)

@@ -1,8 +1,8 @@
 """Annotation (SteerLM step 2): label every assistant turn with the attribute model.
 
-  python -m helpsteer_jax.main --config=configs/attribute_model.py      # train the demo RM
-  python -m helpsteer_jax.main --config=configs/annotate.py             # label the demo data
-  python -m helpsteer_jax.main --config=configs/annotate.py:llama3_70b \
+  helpsteer-jax --config=configs/attribute_model.py      # train the demo RM
+  helpsteer-jax --config=configs/annotate.py             # label the demo data
+  helpsteer-jax --config=configs/annotate.py:llama3_70b \
       --config.init.checkpoint=/runs/attribute_model --config.tokenizer=/models/Meta-Llama-3-70B \
       --config.data.input_path=/data/oasst/train.jsonl \
       --config.data.output_path=/data/oasst/train_labeled.jsonl
@@ -16,7 +16,15 @@ only the rest are appended.
 """
 
 from helpsteer_jax import config_base
-from helpsteer_jax.reward_runtime import init_config, score_config, scorer_section, scoring_preset
+from helpsteer_jax.reward_runtime import (
+  SCORING_PRESETS,
+  init_config,
+  score_config,
+  scorer_section,
+  scoring_preset,
+)
+
+PRESETS = SCORING_PRESETS
 
 
 def get_config(preset: str = ""):

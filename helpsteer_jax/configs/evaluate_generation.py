@@ -2,7 +2,7 @@
 
   # the AC-SFT export, graded by GPT-4 with FastChat's single-answer prompts
   export OPENAI_API_KEY=...
-  python -m helpsteer_jax.main --config=configs/evaluate_generation.py \
+  helpsteer-jax --config=configs/evaluate_generation.py \
       --config.model.hf_path=workdir/acsft/hf \
       --config.mt_bench.dir=FastChat/fastchat/llm_judge/data/mt_bench \
       --config.judge.base_url=https://api.openai.com/v1 --config.judge.model=gpt-4
@@ -24,7 +24,10 @@ import ml_collections
 
 from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.best_of_n import HELPSTEER2_WEIGHTS
+from helpsteer_jax.inference.generation_config import PRESETS as GENERATION_PRESETS
 from helpsteer_jax.inference.generation_config import generation_config
+
+PRESETS = GENERATION_PRESETS
 
 
 def get_config(preset: str = ""):

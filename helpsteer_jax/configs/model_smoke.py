@@ -1,11 +1,14 @@
 """Build the model on the mesh and run one forward pass.
 
-  python -m helpsteer_jax.main --config=configs/model_smoke.py
-  python -m helpsteer_jax.main --config=configs/model_smoke.py:llama3_8b \
+  helpsteer-jax --config=configs/model_smoke.py
+  helpsteer-jax --config=configs/model_smoke.py:llama3_8b \
       --config.model.hf_path=/path/to/Meta-Llama-3-8B
 """
 
 from helpsteer_jax import config_base
+from helpsteer_jax.models import presets as model_presets
+
+PRESETS = tuple(model_presets.PRESETS)  # any model preset; the default is tiny
 
 
 def get_config(preset: str = "tiny"):

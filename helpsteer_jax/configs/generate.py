@@ -1,17 +1,17 @@
 """Steerable generation (SteerLM inference) with a KV cache; best-of-n.
 
   # the default AC-SFT run's model, the 50 held-out demo prompts
-  python -m helpsteer_jax.main --config=configs/generate.py \
+  helpsteer-jax --config=configs/generate.py \
       --config.checkpoint=workdir/acsft --config.steer.verbosity=0
   # a file of prompts, per-run attributes, sampling, best-of-4
-  python -m helpsteer_jax.main --config=configs/generate.py \
+  helpsteer-jax --config=configs/generate.py \
       --config.model.hf_path=workdir/acsft/hf --config.input=prompts.jsonl \
       --config.sampling.temperature=0.7 --config.best_of_n.n=4
   # interactive chat
-  python -m helpsteer_jax.main --config=configs/generate.py \
+  helpsteer-jax --config=configs/generate.py \
       --config.checkpoint=workdir/acsft --config.mode=chat
   # a published SteerLM model, tensor-parallel over 8 devices
-  python -m helpsteer_jax.main --config=configs/generate.py:llama2_70b \
+  helpsteer-jax --config=configs/generate.py:llama2_70b \
       --config.model.hf_path=/models/Llama2-70B-SteerLM-Chat --config.input=-
 
 Rerunning the same file-mode command resumes: rows already in the output are
@@ -28,7 +28,10 @@ import ml_collections
 
 from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.best_of_n import HELPSTEER2_WEIGHTS
+from helpsteer_jax.inference.generation_config import PRESETS as GENERATION_PRESETS
 from helpsteer_jax.inference.generation_config import generation_config
+
+PRESETS = GENERATION_PRESETS
 
 
 def get_config(preset: str = ""):

@@ -3,10 +3,10 @@ defaults, on a prompt set; mean words, sentences and tokens per setting, and wit
 attribute model its predictions.
 
   # the default AC-SFT run's model on the 50 held-out demo prompts
-  python -m helpsteer_jax.main --config=configs/steering_sweep.py \
+  helpsteer-jax --config=configs/steering_sweep.py \
       --config.checkpoint=workdir/acsft
   # MT-Bench's first turns, with the attribute model's predictions
-  python -m helpsteer_jax.main --config=configs/steering_sweep.py:llama3_70b \
+  helpsteer-jax --config=configs/steering_sweep.py:llama3_70b \
       --config.model.hf_path=/models/Llama3-70B-SteerLM-Chat \
       --config.mt_bench.questions=/data/mt_bench/question.jsonl \
       --config.scorer=/runs/attribute_model --config.sweep.attributes=verbosity,complexity
@@ -20,6 +20,10 @@ import pathlib
 import runpy
 
 import ml_collections
+
+from helpsteer_jax.inference.generation_config import PRESETS as GENERATION_PRESETS
+
+PRESETS = GENERATION_PRESETS  # generate's
 
 
 def get_config(preset: str = ""):

@@ -1,7 +1,7 @@
 """Attribute-Conditioned SFT (SteerLM step 3).
 
-  python -m helpsteer_jax.main --config=configs/acsft.py              # demo, CPU, ~3 min
-  python -m helpsteer_jax.main --config=configs/acsft.py:llama2_70b \
+  helpsteer-jax --config=configs/acsft.py              # demo, CPU, ~3 min
+  helpsteer-jax --config=configs/acsft.py:llama2_70b \
       --config.model.hf_path=/models/Llama-2-70b-hf \
       --config.data.train_path=/data/steerlm_train.jsonl \
       --config.data.validation_path=/data/steerlm_val.jsonl
@@ -14,6 +14,8 @@ Presets: the default (tiny model on the built-in demo data), `llama2_70b`
 from helpsteer_jax import config_base
 from helpsteer_jax.train.loop import train_config
 from helpsteer_jax.train.optim import optimizer_config
+
+PRESETS = ("demo", "llama2_70b", "llama3_70b", "llama3_8b", "smollm2_135m")
 
 
 def _demo(config):
@@ -63,5 +65,4 @@ def get_config(preset: str = ""):
     config.optimizer = optimizer_config(lr=2e-5, min_lr=2e-6, warmup_steps=50)
     config.require_hf_path = True
     return config
-  raise ValueError(f"unknown acsft preset {preset!r}; choose demo, llama2_70b, llama3_70b,"
-                   " llama3_8b or smollm2_135m")
+  raise config_base.unknown_preset("acsft", preset, PRESETS)

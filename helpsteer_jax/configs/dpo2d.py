@@ -1,10 +1,10 @@
 """2D-DPO (and DPO / IPO / 1D baselines) on HelpSteer-2D preference pairs.
 
-  python -m helpsteer_jax.main --config=configs/dpo2d.py              # demo, CPU, < 3 min
-  python -m helpsteer_jax.main --config=configs/dpo2d.py:llama3_8b \
+  helpsteer-jax --config=configs/dpo2d.py              # demo, CPU, < 3 min
+  helpsteer-jax --config=configs/dpo2d.py:llama3_8b \
       --config.model.hf_path=/models/Meta-Llama-3-8B-Instruct \
       --config.data.train_path=/data/helpsteer_2d.jsonl
-  python -m helpsteer_jax.main --config=configs/dpo2d.py:llama3_70b \
+  helpsteer-jax --config=configs/dpo2d.py:llama3_70b \
       --config.model.hf_path=/models/Llama-3-70B-SteerLM-HF \
       --config.model.init_checkpoint=/runs/acsft_70b   # policy from an AC-SFT run
 
@@ -19,6 +19,8 @@ import ml_collections
 from helpsteer_jax import config_base
 from helpsteer_jax.train.loop import train_config
 from helpsteer_jax.train.optim import optimizer_config
+
+PRESETS = ("demo", "qwen2_7b", "llama3_8b", "llama3_70b")
 
 ASPECTS = ("helpfulness", "correctness", "safety", "completeness", "clarity")
 
@@ -100,5 +102,4 @@ def get_config(preset: str = ""):
     return _big(config, preset)
   if preset == "llama3_70b":
     return _big(config, preset, tensor=8)
-  raise ValueError(f"unknown dpo2d preset {preset!r}; choose demo, qwen2_7b, llama3_8b"
-                   " or llama3_70b")
+  raise config_base.unknown_preset("dpo2d", preset, PRESETS)

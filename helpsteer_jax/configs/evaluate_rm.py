@@ -1,8 +1,8 @@
 """Reward-model evaluation: attribute metrics, HelpSteer2-Preference and RewardBench accuracy.
 
-  python -m helpsteer_jax.main --config=configs/attribute_model.py      # train the demo RM
-  python -m helpsteer_jax.main --config=configs/evaluate_rm.py          # evaluate it (demo data)
-  python -m helpsteer_jax.main --config=configs/evaluate_rm.py:llama3_70b \
+  helpsteer-jax --config=configs/attribute_model.py      # train the demo RM
+  helpsteer-jax --config=configs/evaluate_rm.py          # evaluate it (demo data)
+  helpsteer-jax --config=configs/evaluate_rm.py:llama3_70b \
       --config.init.checkpoint=/runs/attribute_model --config.tokenizer=/models/Meta-Llama-3-70B \
       --config.data.validation_path=/data/HelpSteer2 \
       --config.data.preference_path=/data/HelpSteer2 \
@@ -15,7 +15,9 @@ the one-hot of its slot, e.g. helpfulness: 0,0,0,0,1,0,0,0,0).
 
 from helpsteer_jax import config_base
 from helpsteer_jax.eval.rm_metrics import STEERLM_RM_WEIGHTS
-from helpsteer_jax.reward_runtime import init_config, score_config, scoring_preset
+from helpsteer_jax.reward_runtime import SCORING_PRESETS, init_config, score_config, scoring_preset
+
+PRESETS = SCORING_PRESETS
 
 
 def get_config(preset: str = ""):

@@ -1,8 +1,8 @@
 """Build HelpSteer-2D supervision: pairs -> segments -> attribute-model scores.
 
-  python -m helpsteer_jax.main --config=configs/attribute_model.py      # train the demo RM
-  python -m helpsteer_jax.main --config=configs/build_2d.py             # score the demo pairs
-  python -m helpsteer_jax.main --config=configs/build_2d.py:llama3_70b \
+  helpsteer-jax --config=configs/attribute_model.py      # train the demo RM
+  helpsteer-jax --config=configs/build_2d.py             # score the demo pairs
+  helpsteer-jax --config=configs/build_2d.py:llama3_70b \
       --config.init.checkpoint=/runs/attribute_model --config.tokenizer=/models/Meta-Llama-3-70B \
       --config.data.input_path=/data/helpsteer2/train.jsonl.gz
 
@@ -19,7 +19,15 @@ inference/attribute_scorer.py).
 import ml_collections
 
 from helpsteer_jax import config_base
-from helpsteer_jax.reward_runtime import init_config, score_config, scorer_section, scoring_preset
+from helpsteer_jax.reward_runtime import (
+  SCORING_PRESETS,
+  init_config,
+  score_config,
+  scorer_section,
+  scoring_preset,
+)
+
+PRESETS = SCORING_PRESETS
 
 
 def get_config(preset: str = ""):

@@ -1,0 +1,82 @@
+"""The task config files the package ships (`helpsteer_jax/configs/`), found by name.
+
+`--config=acsft:llama2_70b` names a packaged config; a path (the repository's
+`configs/acsft.py`, or a file of your own) is taken as given. Each packaged
+file has `get_config(preset)` and `PRESETS`, its presets with the default first.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import runpy
+import textwrap
+from typing import Any
+
+from helpsteer_jax.errors import ConfigError
+
+PACKAGED = pathlib.Path(__file__).resolve().with_name("configs")
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+  """`path[:preset]` -> (path, preset)."""
+  path, _, preset = spec.partition(":")
+  return path, preset
+
+
+def resolve(spec: str) -> str:
+  """`spec` with a packaged task's name replaced by its file's path."""
+  path, preset = split_spec(spec)
+  if pathlib.Path(path).exists() or "/" in path:
+    return spec
+  packaged = PACKAGED / (path if path.endswith(".py") else f"{path}.py")
+  if not packaged.is_file():
+    return spec  # absl's own message names the missing file
+  return f"{packaged}:{preset}" if preset else str(packaged)
+
+
+def load(path: str | pathlib.Path) -> dict[str, Any]:
+  return runpy.run_path(str(path))
+
+
+def check_preset(spec: str) -> None:
+  """Raises ConfigError naming the presets when `spec`'s preset is not one of them."""
+  path, preset = split_spec(spec)
+  if not preset or not pathlib.Path(path).is_file():
+    return
+  presets = load(path).get("PRESETS")
+  if presets is not None and preset not in presets:
+    raise ConfigError(f"unknown {pathlib.Path(path).stem} preset {preset!r} ({path}); choose"
+                      f" one of {', '.join(presets)}")
+
+
+def packaged_tasks() -> list[tuple[str, str, tuple[str, ...]]]:
+  """(task file name, its docstring's first paragraph, its presets) of every packaged config."""
+  tasks = []
+  for path in sorted(PACKAGED.glob("*.py")):
+    if path.name.startswith("_"):
+      continue
+    module = load(path)
+    summary = " ".join((module.get("__doc__") or "").strip().split("\n\n")[0].split())
+    tasks.append((path.stem, summary, tuple(module.get("PRESETS", ()))))
+  return tasks
+
+
+def help_text(program: str) -> str:
+  """What `--help` prints: usage, and the tasks with their presets."""
+  lines = [
+      f"usage: {program} --config=TASK[:PRESET] [--config.KEY=VALUE ...] [--workdir=DIR]",
+      "",
+      "TASK is one of the tasks below or the path of a config file (configs/acsft.py);",
+      "PRESET one of its presets (the first is the default). --config.KEY=VALUE overrides",
+      "any field of the config; --helpfull lists every flag.",
+      "",
+      "tasks:",
+  ]
+  indent = " " * 23
+  for name, summary, presets in packaged_tasks():
+    lines += textwrap.wrap(summary, 100, initial_indent=f"  {name:<20} ",
+                           subsequent_indent=indent)
+    if presets:
+      lines += textwrap.wrap("presets: " + ", ".join(presets), 100, initial_indent=indent,
+                             subsequent_indent=indent + "  ")
+  return "\n".join(lines)
