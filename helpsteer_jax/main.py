@@ -157,6 +157,9 @@ def main(argv: list[str]) -> None:
 def run() -> None:
   cpu_env.reexec_with_malloc_tunables()
   platforms.skip_absent_tpu()
+  # transformers serves tokenizers, configs and HF files here, never PyTorch models: its
+  # advice that PyTorch is missing (the core installs none) would read as an error.
+  os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
   app.run(main, flags_parser=_parse_flags)
 
 
