@@ -3,6 +3,7 @@
 import importlib.util
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -127,6 +128,6 @@ def test_a_fresh_venv_with_only_the_core_dependencies_trains_the_default(tmp_pat
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert (work / "acsft" / "hf" / "config.json").is_file()
   errors = [line for line in proc.stderr.splitlines()
-            if line.startswith(("E0", "F0", "W0", "Traceback", "error")) or "Error" in line
+            if re.match(r"[EF]\d{4} |Traceback|error", line) or "Error" in line
             or "not found" in line]
   assert not errors, "\n".join(errors)
