@@ -4,7 +4,7 @@ with each of its five attributes at every value 0..4, the others fixed.
 python benchmarks/steering.py [--acsft_workdir workdir/acsft] [--tag 600]
 
 Uses the default AC-SFT run's final checkpoint (runs
-`python -m helpsteer_jax.main --config=configs/acsft.py` first when the
+`helpsteer-jax --config=configs/acsft.py` first when the
 workdir has none) through the generate task's loader and the steering-sweep
 library (`eval.steering_sweep`, what `configs/steering_sweep.py` runs),
 greedy decoding. Responses are scored by the rules that generated the demo
