@@ -48,7 +48,10 @@ def _chosen_by_user() -> bool:
 
 
 def _libtpu_installed() -> bool:
-  return importlib.util.find_spec("libtpu") is not None
+  """Whether JAX would load libtpu: from TPU_LIBRARY_PATH (which importing libtpu sets,
+  so child processes inherit it, even in another environment) or the libtpu package."""
+  path = os.environ.get("TPU_LIBRARY_PATH")
+  return bool(path and os.path.isfile(path)) or importlib.util.find_spec("libtpu") is not None
 
 
 def platforms_for_this_machine() -> str | None:

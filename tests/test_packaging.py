@@ -92,6 +92,18 @@ def test_platforms_leave_out_only_an_absent_tpu(monkeypatch, chosen, libtpu, chi
   assert platforms.platforms_for_this_machine() == expected
 
 
+def test_libtpu_on_tpu_library_path_counts_as_installed(monkeypatch, tmp_path):
+  """Importing libtpu sets TPU_LIBRARY_PATH; a child process in an environment without
+  the package still loads libtpu through it (and prints its errors)."""
+  monkeypatch.setattr(platforms.importlib.util, "find_spec", lambda name: None)
+  monkeypatch.delenv("TPU_LIBRARY_PATH", raising=False)
+  assert not platforms._libtpu_installed()
+  library = tmp_path / "libtpu.so"
+  library.write_bytes(b"")
+  monkeypatch.setenv("TPU_LIBRARY_PATH", str(library))
+  assert platforms._libtpu_installed()
+
+
 def _copy_tree(dst: pathlib.Path) -> pathlib.Path:
   """The working tree without its build products (pip builds in the source directory)."""
   ignore = shutil.ignore_patterns(".git", "workdir", ".tpu_logs", "build", "*.egg-info",
