@@ -49,6 +49,20 @@ def test_interrupted_run_resumes_with_identical_losses(tmp_path):
     assert a[step]["grad_norm"] == b[step]["grad_norm"]
 
 
+def test_a_run_restarted_at_its_final_step_reports_the_logged_loss(tmp_path):
+  features = synthetic_features(32)
+  config = tiny_config(num_steps=3, save_every=1000)
+  trainer = make_trainer(config, tmp_path, features)
+  finished = trainer.run()
+  trainer.close()
+  again = make_trainer(tiny_config(num_steps=3, save_every=1000), tmp_path, features)
+  result = again.run()  # nothing left to train
+  again.close()
+  assert result.step == 3 and result.status == "finished"
+  assert result.last_metrics["loss"] == finished.last_metrics["loss"]
+  assert result.last_metrics["grad_norm"] == finished.last_metrics["grad_norm"]
+
+
 def test_restore_onto_a_different_mesh(tmp_path):
   features = synthetic_features(32)
   config = tiny_config(mesh=(2, 2, 2), num_steps=4, save_every=2)

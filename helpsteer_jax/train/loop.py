@@ -313,6 +313,8 @@ class Trainer:
       preemption.uninstall()
       progress.close()
       writer.close()
+    if step == start:
+      last = metrics_lib.last_logged(self.workdir, step)
     return RunResult(status, step, last, eval_metrics)
 
   def _check_finite(self, step: int, fetched: dict[str, float]) -> None:

@@ -64,6 +64,25 @@ class MetricsWriter:
       self._tb.close()
 
 
+def last_logged(workdir: str | pathlib.Path, step: int) -> dict[str, float]:
+  """The training scalars metrics.jsonl holds for `step` ({} if none).
+
+  A run resumed at its final step trains no step; its result reports what the
+  run that reached that step logged.
+  """
+  path = pathlib.Path(workdir) / "metrics.jsonl"
+  last = {}
+  if path.exists():
+    for line in path.read_text(encoding="utf-8").splitlines():
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError:  # a line cut short by a preemption
+        continue
+      if record.get("step") == step and "loss" in record:
+        last = {k: v for k, v in record.items() if k not in ("step", "time")}
+  return last
+
+
 class Progress:
   """A tqdm bar on process 0 (loss, tokens/s and ETA)."""
 
