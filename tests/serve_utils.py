@@ -84,6 +84,7 @@ class Server:
          f"--workdir={root / 'workdir'}"],
         cwd=REPO_ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, text=True)
     self.root = root
+    self._clients: list[openai.OpenAI] = []
     deadline = time.time() + 600
     while True:
       assert self.proc.poll() is None, self.output()
@@ -102,7 +103,9 @@ class Server:
     return httpx.get(f"{self.base}/stats", timeout=10).json()
 
   def client(self, key: str = KEY) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{self.base}/v1", api_key=key, max_retries=0, timeout=300)
+    client = openai.OpenAI(base_url=f"{self.base}/v1", api_key=key, max_retries=0, timeout=300)
+    self._clients.append(client)  # closed by stop()
+    return client
 
   def post(self, path: str, body, key: str = KEY, **kw) -> httpx.Response:
     content = body if isinstance(body, (bytes, str)) else json.dumps(body)
@@ -111,6 +114,8 @@ class Server:
                                "Content-Type": "application/json"}, **kw)
 
   def stop(self) -> None:
+    for client in self._clients:
+      client.close()
     if self.proc.poll() is None:
       self.proc.kill()
       self.proc.wait()
