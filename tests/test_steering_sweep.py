@@ -22,6 +22,8 @@ from helpsteer_jax.errors import ConfigError, DataError
 from helpsteer_jax.eval import steering_sweep as sweep_lib
 from helpsteer_jax.eval import sweep_report
 from helpsteer_jax.inference import steering
+from helpsteer_jax.inference.generator import Completion
+from helpsteer_jax.inference.sampling import SamplingConfig
 from helpsteer_jax.models import builder, hf, presets, reward, reward_hf
 from helpsteer_jax.tasks import common, generate
 from helpsteer_jax.tasks import steering_sweep as task
@@ -82,6 +84,7 @@ def test_every_setting_asks_the_swept_value_with_the_others_at_the_defaults(swep
   workdir, result = swept
   rows = _rows(workdir)
   assert result["settings"] == 6 and result["prompts"] == 3 and len(rows) == 18
+  assert result["distinct_inputs"] == 18  # no two settings share a label here
   for k, row in enumerate(rows):
     name, value = ("complexity", "verbosity")[k // 9], (0, 2, 4)[k // 3 % 3]
     assert (row["sweep_attribute"], row["sweep_value"], row["prompt_index"]) == (name, value,
@@ -168,6 +171,49 @@ def test_summary_means_and_settings_on_known_rows():
   assert (high["mean_words"], high["mean_sentences"]) == (5.0, 2.0)
   with pytest.raises(ConfigError, match="no generations for verbosity=4"):
     sweep_lib.summarize(rows[:2], grid)
+
+
+class CountingGenerator:
+  """A generator that records the model inputs it is given; its answer names the input."""
+
+  def __init__(self):
+    self.inputs = []
+
+  def complete(self, texts, max_new_tokens, sampling=None, seed=0):
+    self.inputs += texts
+    return [Completion(f"answer {len(self.inputs) - len(texts) + k} (seed {seed})", [7, 8],
+                       "stop") for k in range(len(texts))]
+
+
+def test_a_label_two_sweeps_share_is_generated_once_and_resumes(tmp_path):
+  defaults = {"complexity": 2, "verbosity": 4}
+  # complexity 2 and 4 at verbosity 4, then verbosity 2 and 4 at complexity 2: the last
+  # setting is the first's label.
+  grid = sweep_lib.settings(defaults, ["complexity", "verbosity"], (2, 4))
+  prompts = [steering.make_request(p, defaults) for p in ("Hi there.", "Name a fruit.")]
+  requests = sweep_lib.sweep_requests(prompts, grid)
+  assert sweep_lib.same_input_sources(requests) == [0, 1, 2, 3, 4, 5, 0, 1]
+  path = tmp_path / "rows.jsonl"
+  kw = dict(batch_size=3, max_new_tokens=4, sampling=SamplingConfig(), seed=0)
+  generator = CountingGenerator()
+  assert sweep_lib.generate_rows(generator, requests, path, **kw) == 0
+  assert len(generator.inputs) == 6 == len(set(generator.inputs))
+  rows = [json.loads(line) for line in path.read_text().splitlines()]
+  assert len(rows) == 8
+  for copy, source in ((6, 0), (7, 1)):
+    assert steering.Request.matches(rows[copy], requests[copy])
+    assert (rows[copy]["sweep_attribute"], rows[copy]["sweep_value"]) == ("verbosity", 4)
+    for key in ("response", "tokens", "finish_reason", "attributes", "prompt"):
+      assert rows[copy][key] == rows[source][key]
+  summary = sweep_lib.summarize(rows, grid)
+  assert [e["responses"] for e in summary["sweeps"]["verbosity"]] == [2, 2]
+  # Killed with the copies' batch unwritten: they are read back from the file, and nothing
+  # is generated again.
+  full = path.read_bytes()
+  path.write_bytes(b"".join(full.splitlines(keepends=True)[:6]) + b'{"prompt": "Hi')
+  again = CountingGenerator()
+  assert sweep_lib.generate_rows(again, requests, path, **kw) == 6
+  assert again.inputs == [] and path.read_bytes() == full
 
 
 def test_prompts_from_mt_bench_first_turns(tmp_path, models):

@@ -14,6 +14,7 @@ predicted attributes.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import pathlib
 from typing import Iterable, Mapping, Sequence
@@ -117,11 +118,47 @@ def generate_rows(generator: Generator, requests: Sequence[steering.Request],
                   sampling: SamplingConfig, seed: int = 0, scorer: MeshScorer | None = None,
                   option: str = "the workdir") -> int:
   """Appends the rows of `requests` not yet in `out_path` (a batch's seed is `seed` + its
-  first row, as the generate task's); returns how many were there already."""
-  return resume.append_batches(
-      out_path, requests, steering.Request.matches, option, batch_size,
-      lambda start, batch: answer_rows(generator, batch, max_new_tokens, sampling,
-                                       seed + start, scorer, batch_size))
+  first row, as the generate task's); returns how many were there already.
+
+  A request whose model input an earlier one already has (the default value
+  of one swept attribute is the same label as another's) is not generated
+  again: its row is the earlier one's, with its own sweep fields.
+  """
+  source = same_input_sources(requests)
+  answered: dict[int, dict] = {}  # rows by request index: this run's, then those on disk
+
+  def answer(start: int, batch: Sequence[steering.Request]) -> list[dict]:
+    indices = range(start, start + len(batch))
+    own = [i for i in indices if source[i] == i]
+    if own:
+      rows = answer_rows(generator, [requests[i] for i in own], max_new_tokens, sampling,
+                         seed + start, scorer, batch_size)
+      answered.update(zip(own, rows))
+    return [answered[i] if source[i] == i else _copied_row(answered, source[i], requests[i],
+                                                           out_path)
+            for i in indices]
+
+  return resume.append_batches(out_path, requests, steering.Request.matches, option,
+                               batch_size, answer)
+
+
+def same_input_sources(requests: Sequence[steering.Request]) -> list[int]:
+  """Per request, the index of the first request with the same model input (itself if
+  it is the first)."""
+  first: dict[str, int] = {}
+  return [first.setdefault(r.prompt_text(), i) for i, r in enumerate(requests)]
+
+
+def _copied_row(answered: dict[int, dict], source: int, request: steering.Request,
+                out_path: pathlib.Path) -> dict:
+  """`request`'s row from the row of request `source`, generated in this run or, after a
+  resume, read back from `out_path` (process 0 writes and so reads; elsewhere the row is
+  not written)."""
+  if source not in answered and out_path.exists():
+    with open(out_path, encoding="utf-8") as f:
+      answered.update((i, json.loads(line)) for i, line in enumerate(f) if i not in answered)
+  base = answered.get(source, {})
+  return {**base, **request.output_row(base.get("response", ""))}
 
 
 def words(text: str) -> int:

@@ -91,8 +91,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       max_new_tokens=config.max_new_tokens, sampling=sampling, seed=config.seed,
       scorer=scorer, option="--workdir")
   seconds = time.perf_counter() - start
+  distinct = len(set(sweep_lib.same_input_sources(requests)))
   result = {"settings": len(grid), "prompts": len(prompts), "rows": len(requests),
-            "already_written": done, "seconds": seconds, "output": str(out_path)}
+            "distinct_inputs": distinct, "already_written": done, "seconds": seconds,
+            "output": str(out_path)}
   if jax.process_index() != 0:
     return result
   summary = {
@@ -102,8 +104,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       "scorer": config.scorer or None,
       **sweep_lib.summarize(read_rows(out_path), grid)}
   paths = sweep_report.write(summary, workdir, f"Steering sweep: {summary['model']}")
-  print(f"steering_sweep: {len(grid)} settings x {len(prompts)} prompts in {seconds:.1f}s"
-        f" ({done} rows already written) -> {out_path}")
+  print(f"steering_sweep: {len(grid)} settings x {len(prompts)} prompts"
+        f" ({distinct} distinct model inputs) in {seconds:.1f}s ({done} rows already written)"
+        f" -> {out_path}")
   print(sweep_report.table(summary))
   print(f"steering_sweep: wrote {paths['json']}, {paths['table']} and {paths['plot']}")
   return {**result, "summary": summary, **paths}
