@@ -133,7 +133,7 @@ def make_train_step(parts: state_lib.ModelParts, loss_fn: LossFn,
       with jax.named_scope("optimizer_update"):
         scale = jnp.where(jnp.isfinite(sums["loss"]), 1.0 / denom, jnp.nan)
         grads = jax.tree.map(lambda g: g * scale, grads)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
       metrics = {k: v / denom for k, v in sums.items() if k != "weight"}
