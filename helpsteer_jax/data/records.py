@@ -43,3 +43,8 @@ class Conversation:
   mask_role: str = "User"
   attributes: Mapping[str, int] | None = None
   source: str = ""
+
+  def answered(self, response: str) -> Conversation:
+    """This conversation with `response` as its last (assistant, unlabelled) turn: what
+    the attribute model scores."""
+    return dataclasses.replace(self, turns=self.turns + (Turn("Assistant", response),))

@@ -20,7 +20,7 @@ import numpy as np
 
 from helpsteer_jax import multihost
 from helpsteer_jax.data import template
-from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
+from helpsteer_jax.data.records import ATTRIBUTES, Conversation
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.attribute_scorer import (
@@ -46,8 +46,7 @@ def weight_vector(weights: Mapping[str, float]) -> np.ndarray:
 
 def scoring_text(conversation: Conversation, response: str) -> str:
   """The attribute model's input for `response` after `conversation`."""
-  turns = conversation.turns + (Turn("Assistant", response),)
-  return template.regression_text(dataclasses.replace(conversation, turns=turns))
+  return template.regression_text(conversation.answered(response))
 
 
 @dataclasses.dataclass

@@ -24,7 +24,7 @@ import ml_collections
 from helpsteer_jax.data import template
 from helpsteer_jax.data.chat_template import NEMO_DEFAULTS, SteerSpec
 from helpsteer_jax.data.formats.rows import iter_json_lines
-from helpsteer_jax.data.records import ATTRIBUTES, HELPSTEER_ATTRIBUTES, Conversation, Turn
+from helpsteer_jax.data.records import ATTRIBUTES, HELPSTEER_ATTRIBUTES, Conversation
 from helpsteer_jax.errors import ConfigError, DataError
 
 ATTRIBUTE_SETS = {"all": ATTRIBUTES, "helpsteer": HELPSTEER_ATTRIBUTES}
@@ -106,8 +106,7 @@ class Request:
 
   def answered(self, response: str) -> Conversation:
     """The conversation with `response` as its last (assistant) turn."""
-    turns = self.conversation.turns + (Turn("Assistant", response),)
-    return dataclasses.replace(self.conversation, turns=turns)
+    return self.conversation.answered(response)
 
 
 def make_request(prompt: str, attributes: Mapping[str, int],
