@@ -262,6 +262,17 @@ def test_steer_spec_checks_and_the_attributes_labels_carry(tmp_path):
   (tmp_path / "config.json").write_text("{}")
   assert chat_template.read_spec(tmp_path) is None
   assert chat_template.read_spec(tmp_path / "missing") is None
+  # A PEFT adapter's own file; the adapter_config.json section of earlier adapter exports.
+  spec = chat_template.SteerSpec(("humor",), {"humor": 3})
+  adapter = tmp_path / "adapter"
+  adapter.mkdir()
+  (adapter / "adapter_config.json").write_text(json.dumps({"steerlm": spec.section()}))
+  assert chat_template.read_spec(adapter) == spec
+  (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
+  chat_template.export_files(spec, adapter)
+  assert json.loads((adapter / "steerlm.json").read_text()) == spec.section()
+  assert "steerlm" not in json.loads((adapter / "adapter_config.json").read_text())
+  assert chat_template.read_spec(adapter) == spec
 
 
 def _generate_config(**overrides):

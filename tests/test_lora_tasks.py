@@ -8,6 +8,7 @@ transformers, and configs/generate.py's greedy text from the merged export.
 """
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from torch_reference import needs_peft, peft
 
 from helpsteer_jax import runtime
 from helpsteer_jax.config_base import _SHAPE_FIELDS
+from helpsteer_jax.data import chat_template
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.models import builder, hf, presets
@@ -62,9 +64,13 @@ def test_acsft_lora_exports_a_peft_adapter_and_generate_takes_it(base_dir, tmp_p
   config = json.loads((adapter / "adapter_config.json").read_text())
   assert config["task_type"] == "CAUSAL_LM" and config["base_model_name_or_path"] == str(base_dir)
   assert (adapter / "chat_template.jinja").is_file()  # steering travels with the adapter
+  assert chat_template.read_spec(adapter) is not None and "steerlm" not in config
 
   base = transformers.AutoModelForCausalLM.from_pretrained(base_dir).eval()
-  tuned = peft.PeftModel.from_pretrained(base, adapter).eval()
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    tuned = peft.PeftModel.from_pretrained(base, adapter).eval()
+  assert not [w for w in caught if "Unexpected keyword" in str(w.message)], caught
   merged = transformers.AutoModelForCausalLM.from_pretrained(work / "hf").eval()
   tokens, mask, positions = _tokens(base.config.vocab_size)
   want = torch_reference.logits(tuned, tokens, mask, positions)

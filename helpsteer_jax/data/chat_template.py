@@ -94,18 +94,23 @@ def trained_attributes(conversations: Iterable[Conversation]) -> SteerSpec:
   return SteerSpec.nemo(names)
 
 
-SECTION_FILES = ("config.json", "adapter_config.json")  # an HF model's, a PEFT adapter's
+ADAPTER_SPEC_FILE = "steerlm.json"  # a PEFT adapter's: LoraConfig warns on unknown keys
+# Where a directory's spec may be, in order: an HF model's config.json section, a PEFT
+# adapter's own file, and the adapter_config.json section of earlier adapter exports.
+SPEC_PLACES = (("config.json", SECTION), (ADAPTER_SPEC_FILE, None),
+               ("adapter_config.json", SECTION))
 
 
 def read_spec(hf_dir: str | os.PathLike) -> SteerSpec | None:
-  """The `steerlm` section of `hf_dir`'s config.json (a model) or adapter_config.json (a
-  PEFT adapter, whose loaders ignore unknown keys), or None when there is none."""
-  for name in SECTION_FILES:
+  """The steering spec of an export: its config.json's `steerlm` section (a model) or
+  its steerlm.json (a PEFT adapter); None when it has neither."""
+  for name, key in SPEC_PLACES:
     path = pathlib.Path(hf_dir).expanduser() / name
     if not path.is_file():
       continue
     try:
-      section = json.loads(path.read_text()).get(SECTION)
+      content = json.loads(path.read_text())
+      section = content if key is None else content.get(key)
     except (json.JSONDecodeError, AttributeError) as e:
       raise ConfigError(f"{path}: not a JSON object ({e})") from None
     if section is None:
@@ -267,8 +272,9 @@ def export_files(spec: SteerSpec, out_dir: str | os.PathLike, add_bos: bool = Tr
   The template goes to `chat_template.jinja` (transformers >= 4.50 prefer
   it) and to `tokenizer_config.json`'s `chat_template` when that file exists
   (older readers); a copied `chat_template.json` of the base model would be
-  stale and is removed. `spec` goes to config.json (a model) or
-  adapter_config.json (a PEFT adapter). `turn_marker` (`turn_marker_id`) joins the EOS ids
+  stale and is removed. `spec` goes to config.json's `steerlm` section (a
+  model) or to steerlm.json (a PEFT adapter: PEFT's LoraConfig warns about
+  keys it does not know). `turn_marker` (`turn_marker_id`) joins the EOS ids
   of `generation_config.json`: a SteerLM model ends its turn by starting the
   next one, and transformers' `generate` and vLLM stop at those ids.
   """
@@ -277,7 +283,10 @@ def export_files(spec: SteerSpec, out_dir: str | os.PathLike, add_bos: bool = Tr
   (out / TEMPLATE_FILE).write_text(text, encoding="utf-8")
   (out / "chat_template.json").unlink(missing_ok=True)
   updates = [("tokenizer_config.json", lambda c: {"chat_template": text})]
-  updates += [(name, lambda c: {SECTION: spec.section()}) for name in SECTION_FILES]
+  updates.append(("config.json", lambda c: {SECTION: spec.section()}))
+  if (out / "adapter_config.json").is_file():
+    (out / ADAPTER_SPEC_FILE).write_text(json.dumps(spec.section(), indent=2) + "\n",
+                                         encoding="utf-8")
   if turn_marker is not None:
     updates.append(("generation_config.json", lambda c: {
         "eos_token_id": _with_id(c.get("eos_token_id"), turn_marker)}))
