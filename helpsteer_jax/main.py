@@ -96,8 +96,10 @@ def _parse_flags(argv: list[str]) -> list[str]:
   argv = _resolve_config(argv)
   spec = _config_spec(argv)
   if spec is not None:
+    keys = [a[len("--config."):].split("=", 1)[0] for a in argv if a.startswith("--config.")]
     try:
       task_configs.check_preset(spec)
+      task_configs.check_renamed(spec, keys)
     except ConfigError as e:
       _fail(str(e))
   try:

@@ -38,7 +38,9 @@ def setup(config: ml_collections.ConfigDict, devices: list | None = None) -> Run
   logging.info("mesh %s over %d %s devices (%d processes)", dict(mesh.shape),
                mesh.size, mesh.devices.flat[0].platform, jax.process_count())
   from helpsteer_jax.models.attention import check_platform
-  check_platform(config.model.attention_impl, mesh.devices.flat[0].platform)
+  for section in (config.get("model"), config.get("scorer", {}).get("model")):
+    if section is not None:
+      check_platform(section.attention_impl, mesh.devices.flat[0].platform)
   return Runtime(mesh, rules)
 
 

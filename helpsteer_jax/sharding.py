@@ -271,3 +271,10 @@ def to_global_array(local: np.ndarray, mesh: Mesh, spec: PartitionSpec) -> jax.A
     return jax.device_put(local, sharding)
   global_shape = (local.shape[0] * jax.process_count(),) + local.shape[1:]
   return jax.make_array_from_process_local_data(sharding, local, global_shape)
+
+
+def abstract_arrays(tree: Any, shardings: Any) -> Any:
+  """`tree`'s leaves as ShapeDtypeStructs carrying the matching `shardings` leaves: the
+  target of a sharded restore or of an ahead-of-time compile."""
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      tree, shardings)

@@ -49,6 +49,32 @@ def check_preset(spec: str) -> None:
                       f" one of {', '.join(presets)}")
 
 
+def renamed_key(key: str, renamed: dict[str, str]) -> str | None:
+  """What replaced `key` (a dotted config key) by a task file's `RENAMED` table: the new
+  key (the rest of a moved section carried over), or a "removed: ..." reason; None if the
+  key was not renamed."""
+  for old in sorted(renamed, key=len, reverse=True):
+    new = renamed[old]
+    nested = new.startswith(old + ".")  # the old key is now a section: only it moved
+    if key == old or (key.startswith(old + ".") and not nested):
+      return new if new.startswith("removed:") else new + key[len(old):]
+  return None
+
+
+def check_renamed(spec: str, keys: list[str]) -> None:
+  """ConfigError naming the new key of the first override in `keys` that a task renamed."""
+  path, _ = split_spec(spec)
+  if not keys or not pathlib.Path(path).is_file():
+    return
+  renamed = load(path).get("RENAMED") or {}
+  for key in keys:
+    new = renamed_key(key, renamed)
+    if new is not None and new.startswith("removed:"):
+      raise ConfigError(f"--config.{key} was removed ({new[len('removed:'):].strip()})")
+    if new is not None:
+      raise ConfigError(f"--config.{key} is now --config.{new}")
+
+
 def packaged_tasks() -> list[tuple[str, str, tuple[str, ...]]]:
   """(task file name, its docstring's first paragraph, its presets) of every packaged config."""
   tasks = []

@@ -1,20 +1,20 @@
-"""A test double for the attribute model behind build_2d's scoring interface.
+"""A test double for the attribute model behind the scoring interface (a user's factory).
 
-Scores a NeMo regression-format text from the words of its last response:
-deterministic, cheap, and different for every prefix.
+Scores a conversation from the words of its last response: deterministic,
+cheap, and different for every prefix.
 """
+
+import os
 
 import numpy as np
 
 from helpsteer_jax.data.records import ATTRIBUTES
 
-
-def last_response(text: str) -> str:
-  return text.rsplit("<extra_id_1>Assistant\n", 1)[1].rsplit("\n<extra_id_2>", 1)[0]
+CALLS_DIR_ENV = "HELPSTEER_TEST_SCORER_CALLS"  # make_recording's log directory
 
 
-def fake_attributes(text: str) -> np.ndarray:
-  words = last_response(text).split()
+def fake_attributes(conv) -> np.ndarray:
+  words = conv.turns[-1].text.split()
   out = np.zeros(len(ATTRIBUTES), np.float32)
   out[4] = min(4.0, 0.5 * len(words))                       # helpfulness
   out[5] = 4.0 - 2.0 * sum(w.strip(".,").isdigit() for w in words) % 5   # correctness
@@ -27,25 +27,26 @@ def fake_attributes(text: str) -> np.ndarray:
 def make(scorer_config):
   calls = []
 
-  def scorer(texts):
-    calls.append(len(texts))
-    return np.stack([fake_attributes(t) for t in texts])
+  def scorer(convs):
+    calls.append(len(convs))
+    return np.stack([fake_attributes(c) for c in convs])
 
   scorer.calls = calls
   return scorer
 
 
 def make_recording(scorer_config):
-  """`make`, appending each call's text count to `<scorer.checkpoint>/calls_<process>.txt`."""
+  """`make`, appending each call's conversation count to `$HELPSTEER_TEST_SCORER_CALLS/
+  calls_<process>.txt`."""
   import pathlib
 
   import jax
   scorer = make(scorer_config)
-  log = pathlib.Path(scorer_config.checkpoint) / f"calls_{jax.process_index()}.txt"
+  log = pathlib.Path(os.environ[CALLS_DIR_ENV]) / f"calls_{jax.process_index()}.txt"
 
-  def recording(texts):
+  def recording(convs):
     with open(log, "a") as f:
-      f.write(f"{len(texts)}\n")
-    return scorer(texts)
+      f.write(f"{len(convs)}\n")
+    return scorer(convs)
 
   return recording

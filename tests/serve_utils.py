@@ -18,10 +18,11 @@ import numpy as np
 import openai
 import pytest
 
-from helpsteer_jax import reward_runtime
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.models import builder, hf, presets
+from helpsteer_jax.scoring import reward_model
+from helpsteer_jax.scoring.load import DEMO_SHAPE
 
 from conftest import REPO_ROOT
 from multiprocess import free_port
@@ -36,11 +37,11 @@ def write_models(root) -> None:
   policy = builder.create(presets.get_preset("tiny", initializer_range=0.1), seed=0)
   hf.save_hf_model(policy, root / "policy", dtype="float32", tokenizer=str(tok_dir))
   # The attribute model: a demo-shaped backbone and a random head file.
-  cfg = presets.get_preset("tiny", **reward_runtime.DEMO_SHAPE)
+  cfg = presets.get_preset("tiny", **DEMO_SHAPE)
   hf.save_hf_model(builder.create(cfg, seed=1), root / "rm", dtype="float32",
                    tokenizer=str(tok_dir))
   rng = np.random.default_rng(0)
-  reward_runtime.save_head(root / "head.npz", {
+  reward_model.save_head(root / "head.npz", {
       "kernel": rng.normal(size=(cfg.hidden_size, len(ATTRIBUTES))).astype(np.float32),
       "bias": rng.normal(size=len(ATTRIBUTES)).astype(np.float32)})
 
@@ -79,8 +80,8 @@ class Server:
          f"--config.model.hf_path={root / 'policy'}", "--config.serve.model_name=tiny",
          f"--config.serve.port={self.port}", f"--config.serve.max_length={MAX_LENGTH}",
          "--config.serve.max_batch=4", "--config.serve.max_tokens=500",
-         "--config.serve.max_n=3", f"--config.reward.model.hf_path={root / 'rm'}",
-         f"--config.reward.head={root / 'head.npz'}", "--config.reward.pad_multiple=16",
+         "--config.serve.max_n=3", f"--config.scorer.source={root / 'rm'}",
+         f"--config.scorer.head={root / 'head.npz'}", f"--config.scorer.max_len={MAX_LENGTH}",
          f"--workdir={root / 'workdir'}"],
         cwd=REPO_ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, text=True)
     self.root = root

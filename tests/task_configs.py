@@ -13,16 +13,20 @@ TINY_SHAPE = dict(preset="tiny", hidden_size=64, intermediate_size=176, num_laye
 
 def short_config(task: str, export: bool = False, **sections) -> ml_collections.ConfigDict:
   """configs/<task>.py, tiny and short; `export` keeps the fp32 HF export of training;
-  `sections` update config sections (e.g. `init={"checkpoint": ...}`)."""
+  `sections` update config sections (e.g. `scorer={"source": ...}`)."""
   cfg = runpy.run_path(str(REPO_ROOT / "configs" / f"{task}.py"))["get_config"]()
-  cfg.model.update(TINY_SHAPE)
+  if "model" in cfg:
+    cfg.model.update(TINY_SHAPE)
+  if "scorer" in cfg:  # the attribute model's shapes are its source's
+    cfg.scorer.model.update(preset="tiny", attention_block_size=32)
+    cfg.scorer.update(batch_size=8, max_len=128)
   if "train" in cfg:
     cfg.train.update(num_steps=4, global_batch=8, micro_batch=8, seq_len=128, log_every=1,
                      eval_every=0, save_every=100, loss_chunk_size=64)
     cfg.train.update(export_dtype="float32") if export else cfg.train.update(export_hf=False)
     cfg.optimizer.update(warmup_steps=1)
-  if "score" in cfg:
-    cfg.score.update(batch_size=8, max_len=128)
+  if "eval_batch_size" in cfg:
+    cfg.eval_batch_size = 8
   if "demo_train_rows" in cfg.get("data", {}):
     cfg.data.update(demo_train_rows=48, demo_validation_rows=16)
   for name, values in sections.items():

@@ -5,7 +5,6 @@ import json
 import numpy as np
 import pytest
 
-from helpsteer_jax import reward_runtime
 from helpsteer_jax.data.formats import helpsteer as readers
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.data.template import parse_label_string
@@ -35,9 +34,20 @@ class IdTok:
     return np.arange(sum(len(t.text) for t in conv.turns))
 
 
+class FakeModelScorer:
+  """A `Scorer` as the attribute model's: conversations -> ids -> the fake model."""
+
+  def __init__(self, scorer):
+    self.scorer, self.local_rows = scorer, 0
+
+  def __call__(self, convs):
+    self.local_rows += len(convs)
+    return self.scorer.score([IdTok().ids(c) for c in convs])
+
+
 def rm(scorer):
-  """A fake reward-model scorer behind the attribute-model `MeshScorer` annotate uses."""
-  return reward_runtime.AttributeModelScorer(scorer, IdTok())
+  """A fake attribute model behind the `Scorer` annotate uses."""
+  return FakeModelScorer(scorer)
 
 
 def convs(n):

@@ -9,9 +9,9 @@ from helpsteer_jax.data import segment
 from helpsteer_jax.data.formats import helpsteer_2d as pairs
 from helpsteer_jax.data.formats.helpsteer import helpsteer_conversation
 from helpsteer_jax.data.records import HELPSTEER_ATTRIBUTES
-from helpsteer_jax.data.template import regression_text
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.inference import segment_scores
+from helpsteer_jax.scoring import segments as segment_scores
+from helpsteer_jax.scoring.scorer import HostScorer
 
 import fake_scorer
 from conftest import REPO_ROOT
@@ -31,9 +31,8 @@ PLAIN = [pairs.PlainPair("What is 2 plus 2?", "2 plus 2 is 4. Count on by two. D
 def _expected(prompt, text, mode):
   spans = segment.split_sentences(text)
   prefixes = [""] + [text[:b].rstrip() for _, b in spans]
-  f = np.stack([fake_scorer.fake_attributes(t)[4:] for t in
-                (regression_text(helpsteer_conversation(prompt, p, {}))
-                 for p in prefixes)])
+  f = np.stack([fake_scorer.fake_attributes(c)[4:] for c in
+                (helpsteer_conversation(prompt, p, {}) for p in prefixes)])
   seg = f[1:] if mode == "in_context" else 2.0 + np.diff(f, axis=0)
   return np.clip(seg, 0, 4)
 
@@ -41,7 +40,7 @@ def _expected(prompt, text, mode):
 @pytest.mark.parametrize("mode", segment_scores.MODES)
 def test_segment_scores_follow_the_chosen_mode(mode):
   scorer = fake_scorer.make(None)
-  built = segment_scores.score_pairs(PLAIN, scorer, mode, batch_size=3)
+  built = segment_scores.score_pairs(PLAIN, HostScorer(scorer), mode, chunk=3)
   assert sum(scorer.calls) == sum(len(segment.split_sentences(t)) + 1
                                   for p in PLAIN for t in (p.chosen, p.rejected))
   assert max(scorer.calls) <= 3
@@ -62,7 +61,7 @@ def test_the_prefix_texts_are_the_attribute_models_input():
 def test_task_writes_valid_helpsteer_2d(tmp_path, helpsteer2_sample):
   from helpsteer_jax.tasks import build_2d as task
   config = load_config("build_2d")
-  config.scorer.factory = "fake_scorer:make"
+  config.scorer.source = "fake_scorer:make"
   config.data.input_path = str(helpsteer2_sample)
   config.data.max_pairs = 3
   summary = task.run(config, str(tmp_path))
@@ -78,24 +77,24 @@ def test_task_writes_valid_helpsteer_2d(tmp_path, helpsteer2_sample):
 def test_task_needs_a_scorer(tmp_path):
   from helpsteer_jax.tasks import build_2d as task
   config = load_config("build_2d")
-  config.scorer.factory = ""
-  with pytest.raises(ConfigError, match="scorer.factory"):
+  config.scorer.source = ""
+  with pytest.raises(ConfigError, match="scorer.source is empty"):
     task.run(config, str(tmp_path))
-  config.scorer.factory = "fake_scorer:nope"
+  config.scorer.source = "fake_scorer:nope"
   with pytest.raises(ConfigError, match="cannot be loaded"):
     task.run(config, str(tmp_path))
-  config.scorer.factory = "http"  # a registered scorer takes scorer.checkpoint: a URL here
-  with pytest.raises(ConfigError, match="base URL"):
+  config.scorer.source = str(tmp_path / "no_such_run")
+  with pytest.raises(ConfigError, match="no such file or directory, URL"):
     task.run(config, str(tmp_path))
   with pytest.raises(ConfigError, match="returned shape"):
-    segment_scores.score_pairs(PLAIN, lambda texts: np.zeros((len(texts), 5)))
+    segment_scores.score_pairs(PLAIN, HostScorer(lambda convs: np.zeros((len(convs), 5))))
 
 
 def test_pairs_with_an_unscored_segment_are_left_out():
-  def scorer(texts):  # NaN (too long for the model) for one prefix of the second pair
-    out = np.stack([fake_scorer.fake_attributes(t) for t in texts])
-    out[["I like trains. red." in t for t in texts]] = np.nan
+  def scorer(convs):  # NaN (too long for the model) for one prefix of the second pair
+    out = np.stack([fake_scorer.fake_attributes(c) for c in convs])
+    out[["I like trains. red." in c.turns[-1].text for c in convs]] = np.nan
     return out
 
-  built = segment_scores.score_pairs(PLAIN, scorer)
+  built = segment_scores.score_pairs(PLAIN, HostScorer(scorer))
   assert [p.prompt for p in built] == [PLAIN[0].prompt]

@@ -15,15 +15,16 @@ import numpy as np
 import pytest
 from mt_bench_utils import JUDGE, PROMPTS, QUESTIONS, StubJudge, write_mt_bench
 
-from helpsteer_jax import reward_runtime, runtime
+from helpsteer_jax import runtime
 from helpsteer_jax.data import template
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError, DataError
 from helpsteer_jax.eval import mt_bench_data, mt_bench_judge
 from helpsteer_jax.eval.mt_bench_answers import conversation
-from helpsteer_jax.inference.best_of_n import HELPSTEER2_WEIGHTS, weight_vector
 from helpsteer_jax.models import presets, reward_hf
 from helpsteer_jax.models.reward import reward_model
+from helpsteer_jax.scoring.load import DEMO_SHAPE, load_scorer
+from helpsteer_jax.scoring.rewards import HELPSTEER2_WEIGHTS, weight_vector
 from helpsteer_jax.tasks import evaluate_generation, generate
 
 from conftest import REPO_ROOT
@@ -45,15 +46,16 @@ def models(tmp_path_factory):
   root = tmp_path_factory.mktemp("models")
   write_models(root)
   # An attribute model as an HF reward directory: the demo shape, a random head.
-  model = reward_model(presets.get_preset("tiny", **reward_runtime.DEMO_SHAPE), seed=1)
+  model = reward_model(presets.get_preset("tiny", **DEMO_SHAPE), seed=1)
   kernel = model.head.kernel
   kernel[...] = np.random.default_rng(0).normal(size=kernel[...].shape).astype(np.float32)
   reward_hf.save_reward_hf(model, root / "rm_hf", dtype="float32", tokenizer=str(root / "tok"))
   return root
 
 
-def eval_config(models, mt_dir, judge_url="", **judge):
+def eval_config(models, mt_dir, judge_url="", scorer="", **judge):
   config = runpy.run_path(str(REPO_ROOT / "configs" / "evaluate_generation.py"))["get_config"]()
+  config.scorer.source = scorer
   config.model.hf_path = str(models / "policy")
   config.mt_bench.dir = str(mt_dir)
   config.update(batch_size=2, max_new_tokens=12, max_length=512, model_id="tiny")
@@ -155,11 +157,11 @@ def test_attribute_model_judge(models, tmp_path):
   assert len(judged) == 6
 
   rt = runtime.setup(config)
-  scorer = reward_runtime.text_scorer(str(models / "rm_hf"), rt, batch_size=8)
+  scorer = load_scorer(config.scorer, rt)
   questions = mt_bench_data.read_questions(mt_dir / "question.jsonl")
   convs = [conversation(q, r["choices"][0]["turns"][:t], r["attributes"], config.system,
                         ask_next=False) for q, r in zip(questions, rows) for t in (1, 2)]
-  want = scorer([template.regression_text(c) for c in convs])
+  want = scorer(convs)
   got = np.array([[j["attributes"][a] for a in ATTRIBUTES] for j in judged])
   np.testing.assert_allclose(got, want, atol=1e-5)
   assert np.ptp(want[:, -1]) > 0  # turn-2 context changes the prediction
@@ -188,7 +190,7 @@ def test_bad_input_fails_before_generation(models, judge, tmp_path):
   config.steer.verbosity = 7
   _fails_before_generation(config, tmp_path / "c", ConfigError, "verbosity")
   config = eval_config(models, mt_dir, kind="attribute_model", scorer=str(tmp_path / "nope"))
-  _fails_before_generation(config, tmp_path / "d", ConfigError, "judge.scorer=.*no such")
+  _fails_before_generation(config, tmp_path / "d", ConfigError, "scorer.source=.*no such")
   bad = tmp_path / "bad"
   shutil.copytree(mt_dir, bad)
   with open(bad / "question.jsonl", "a") as f:

@@ -18,7 +18,6 @@ from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError, DataError
 from helpsteer_jax.inference import (
-  attribute_scorer,
   best_of_n,
   chat,
   decode,
@@ -28,6 +27,8 @@ from helpsteer_jax.inference import (
 )
 from helpsteer_jax.inference.sampling import SamplingConfig
 from helpsteer_jax.models import builder, hf, presets
+from helpsteer_jax.scoring import rewards as rewards_lib
+from helpsteer_jax.scoring.load import load_scorer, scorer_section
 
 
 @pytest.fixture(scope="module")
@@ -156,13 +157,13 @@ class LengthScorer:
   """Test double: predictions from the response length, deterministically."""
 
   def __init__(self):
-    self.texts = []
+    self.convs, self.local_rows = [], 0
 
-  def __call__(self, texts):
-    self.texts += list(texts)
-    out = np.zeros((len(texts), len(ATTRIBUTES)), np.float32)
-    for i, t in enumerate(texts):
-      response = t.rsplit("<extra_id_1>Assistant\n", 1)[1].removesuffix("\n<extra_id_2>")
+  def __call__(self, convs):
+    self.convs += list(convs)
+    out = np.zeros((len(convs), len(ATTRIBUTES)), np.float32)
+    for i, c in enumerate(convs):
+      response = c.turns[-1].text
       out[i, ATTRIBUTES.index("helpfulness")] = len(response) % 7
       out[i, ATTRIBUTES.index("verbosity")] = len(response) % 5
     return out
@@ -172,18 +173,18 @@ def test_best_of_n_keeps_the_highest_weighted_reward(tokenizer):
   gen = _generator(tokenizer, stop_strings=())
   req = steering.make_request("What is 2 plus 3?", {"verbosity": 2})
   scorer = LengthScorer()
-  weights = best_of_n.weight_vector({"helpfulness": 1.0, "verbosity": -0.5})
+  weights = rewards_lib.weight_vector({"helpfulness": 1.0, "verbosity": -0.5})
   hot = SamplingConfig(temperature=1.0)
   other = steering.make_request("Name two fruits.", {"verbosity": 0})
   result, second = best_of_n.best_of_n(gen, [req, other], 4, scorer, weights, 12, hot, seed=3)
   assert len(result.candidates) == 4 and len(second.candidates) == 4
   assert second.best == int(np.argmax([c.reward for c in second.candidates]))
-  assert "Name two fruits." in scorer.texts[4]
+  assert "Name two fruits." in template.regression_text(scorer.convs[4])
   assert len({c.response for c in result.candidates}) > 1
   rewards = [c.reward for c in result.candidates]
   assert result.best == int(np.argmax(rewards))
-  for c, text in zip(result.candidates, scorer.texts):
-    assert text == template.regression_text(
+  for c, conv in zip(result.candidates, scorer.convs):
+    assert template.regression_text(conv) == template.regression_text(
         req.conversation.__class__(req.conversation.system, req.conversation.turns
                                    + (template.Turn("Assistant", c.response),)))
     n = len(c.response)
@@ -192,7 +193,7 @@ def test_best_of_n_keeps_the_highest_weighted_reward(tokenizer):
   with pytest.raises(ConfigError, match="needs sampling"):
     best_of_n.best_of_n(gen, [req], 2, scorer, weights, 4, SamplingConfig())
   with pytest.raises(ConfigError, match="unknown attribute"):
-    best_of_n.weight_vector({"wit": 1.0})
+    rewards_lib.weight_vector({"wit": 1.0})
 
 
 def test_file_mode_resumes_mid_batch_as_an_uninterrupted_run(tmp_path, tokenizer):
@@ -225,11 +226,11 @@ def test_file_mode_resumes_mid_batch_as_an_uninterrupted_run(tmp_path, tokenizer
 
 
 def test_demo_rule_scorer_reads_the_demo_rules():
-  scorer = attribute_scorer.load_scorer("demo_rules")
+  scorer = load_scorer(scorer_section(source="demo_rules"), None)
   rows = demo.demo_rows(40, seed=5)
-  texts = [best_of_n.scoring_text(steering.make_request(r["prompt"], {}).conversation,
-                                  r["response"]) for r in rows]
-  scores = scorer(texts)
+  convs = [steering.make_request(r["prompt"], {}).conversation.answered(r["response"])
+           for r in rows]
+  scores = scorer(convs)
   assert scores.shape == (40, 9)
   for row, s in zip(rows, scores):
     assert s[ATTRIBUTES.index("verbosity")] == row["verbosity"]
@@ -238,7 +239,7 @@ def test_demo_rule_scorer_reads_the_demo_rules():
   assert demo.rule_correct("What is 3 times 4?", "3 times 4 is 12. Start with 3.")
   assert not demo.rule_correct("What is 3 times 4?", "3 times 4 is 13.")
   with pytest.raises(ConfigError, match="cannot be loaded"):
-    attribute_scorer.load_scorer("helpsteer_jax.no_such_module:load")
+    load_scorer(scorer_section(source="helpsteer_jax.no_such_module:load"), None)
 
 
 def test_chat_keeps_history_and_changes_attributes():
@@ -296,8 +297,8 @@ def test_loads_params_from_a_training_checkpoint(tmp_path):
   with pytest.raises(ConfigError, match="embed has shape .* but the model config gives"):
     loading.load_model(config, rt)
   config.checkpoint = str(tmp_path / "nothing")
-  with pytest.raises(ConfigError, match="neither a training workdir"):
-    loading.checkpoint_dir(config.checkpoint)
+  with pytest.raises(ConfigError, match="no Orbax checkpoint in .*nothing"):
+    loading.load_model(config, rt)
 
 
 def test_generate_task_from_the_command_line(tmp_path, tokenizer):

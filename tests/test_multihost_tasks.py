@@ -24,12 +24,14 @@ import numpy as np
 import pytest
 from mt_bench_utils import JUDGE, QUESTIONS, StubJudge, write_mt_bench
 
-from helpsteer_jax import reward_runtime
 from helpsteer_jax.data import demo
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
+from helpsteer_jax.models import builder, hf, presets
+from helpsteer_jax.scoring import reward_model
 
 from cli_utils import run_main
 from conftest import REPO_ROOT
+from fake_scorer import CALLS_DIR_ENV
 from multiprocess import Group
 
 pytestmark = pytest.mark.multihost
@@ -52,7 +54,12 @@ def _pythonpath(*dirs: pathlib.Path) -> str:
 def inputs(tmp_path_factory) -> dict:
   root = tmp_path_factory.mktemp("multihost_inputs")
   rng = np.random.default_rng(0)
-  reward_runtime.save_head(root / "head.npz", {
+  tokenizer = demo_tokenizer.build_demo_tokenizer(root / "tokenizer")
+  # The attribute model: a random HF backbone of MODEL's shape and a head file.
+  shape = {flag.split(".")[-1].split("=")[0]: int(flag.split("=")[1]) for flag in MODEL}
+  hf.save_hf_model(builder.create(presets.get_preset("tiny", **shape), seed=0),
+                   root / "backbone", dtype="float32", tokenizer=str(tokenizer))
+  reward_model.save_head(root / "head.npz", {
       "kernel": rng.normal(size=(64, 9)).astype(np.float32),
       "bias": np.full(9, 2.0, np.float32)})
   rows = demo.demo_rows(ANNOTATE_ROWS, seed=3)
@@ -60,8 +67,8 @@ def inputs(tmp_path_factory) -> dict:
   prompts = [{"prompt": r["prompt"], "id": i} for i, r in enumerate(demo.demo_rows(PROMPTS, 4))]
   (root / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
   return {"root": root, "head": root / "head.npz", "rows": root / "rows.jsonl",
-          "prompts": root / "prompts.jsonl",
-          "tokenizer": demo_tokenizer.build_demo_tokenizer(root / "tokenizer")}
+          "prompts": root / "prompts.jsonl", "tokenizer": tokenizer,
+          "backbone": root / "backbone"}
 
 
 # ------------------------------------------------------------------ harness
@@ -180,10 +187,15 @@ def _assert_survivor_stopped(results, victim: int, hung: bool) -> None:
 # ------------------------------------------------------------------ annotate
 
 
+def _scorer(inputs) -> tuple[str, ...]:
+  """The attribute model of annotate, evaluate_rm and build_2d: the backbone + head file."""
+  return (f"--config.scorer.source={inputs['backbone']}",
+          f"--config.scorer.head={inputs['head']}", "--config.scorer.batch_size=8")
+
+
 def _annotate(inputs, workdir) -> tuple[str, ...]:
-  return ("--config=configs/annotate.py", *MODEL, *MESH, "--config.init.checkpoint=",
-          f"--config.init.head={inputs['head']}", f"--config.tokenizer={inputs['tokenizer']}",
-          f"--config.data.input_path={inputs['rows']}", "--config.score.batch_size=8",
+  return ("--config=configs/annotate.py", *MESH, *_scorer(inputs),
+          f"--config.data.input_path={inputs['rows']}",
           "--config.data.chunk_rows=8", f"--workdir={workdir}")
 
 
@@ -220,10 +232,9 @@ def test_annotate_resumes_after_process_1_is_killed(inputs, annotate_single, tmp
 
 
 def _evaluate(inputs, workdir) -> tuple[str, ...]:
-  return ("--config=configs/evaluate_rm.py", *MODEL, *MESH, "--config.init.checkpoint=",
-          f"--config.init.head={inputs['head']}", f"--config.tokenizer={inputs['tokenizer']}",
+  return ("--config=configs/evaluate_rm.py", *MESH, *_scorer(inputs),
           "--config.data.demo_train_rows=8", "--config.data.demo_validation_rows=40",
-          "--config.score.batch_size=8", f"--workdir={workdir}")
+          f"--workdir={workdir}")
 
 
 def test_evaluate_rm_two_processes_write_the_one_process_report(inputs, tmp_path):
@@ -317,8 +328,8 @@ def test_evaluate_generation_two_processes_judge_once_on_process_0(inputs, tmp_p
 
 def _build_2d_fake(calls: pathlib.Path, workdir) -> tuple[str, ...]:
   calls.mkdir(parents=True, exist_ok=True)
-  return ("--config=configs/build_2d.py", "--config.scorer.factory=fake_scorer:make_recording",
-          f"--config.scorer.checkpoint={calls}", "--config.scorer.batch=16",
+  os.environ[CALLS_DIR_ENV] = str(calls)  # where make_recording logs, in every process
+  return ("--config=configs/build_2d.py", "--config.scorer.source=fake_scorer:make_recording",
           "--config.data.demo_rows=24", f"--workdir={workdir}")
 
 
@@ -347,9 +358,8 @@ def test_build_2d_splits_a_host_side_scorer_across_processes(tmp_path):
 
 
 def _build_2d_model(inputs, workdir) -> tuple[str, ...]:
-  return ("--config=configs/build_2d.py", *MODEL, *MESH, "--config.init.checkpoint=",
-          f"--config.init.head={inputs['head']}", f"--config.tokenizer={inputs['tokenizer']}",
-          "--config.data.demo_rows=12", "--config.score.batch_size=8", f"--workdir={workdir}")
+  return ("--config=configs/build_2d.py", *MESH, *_scorer(inputs),
+          "--config.data.demo_rows=12", f"--workdir={workdir}")
 
 
 def test_build_2d_attribute_model_splits_by_the_mesh(inputs, tmp_path):

@@ -52,9 +52,10 @@ def test_recipes_fail_before_any_work_without_their_inputs():
 @pytest.mark.parametrize("task", ["evaluate_rm", "annotate", "build_2d"])
 def test_scoring_task_presets(task):
   demo = get(task)
-  assert demo.model.hidden_size == get("attribute_model").model.hidden_size
-  assert demo.init.checkpoint == "workdir/attribute_model"
+  assert demo.scorer.model.preset == get("attribute_model").model.preset
+  assert demo.scorer.model.hidden_size is None  # the demo run's shapes are read from it
+  assert demo.scorer.source == "workdir/attribute_model" and "model" not in demo
   big = get(task, "llama3_70b")
-  assert big.model.preset == "llama3_70b" and big.model.dtype == "bfloat16"
+  assert big.scorer.model.preset == "llama3_70b" and big.scorer.model.dtype == "bfloat16"
   with pytest.raises(ValueError, match="llama2_13b"):
     get(task, "gpt2")

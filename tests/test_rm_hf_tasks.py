@@ -1,6 +1,6 @@
 """The tasks with the attribute model's HF export: written at the end of training, converted
-from an Orbax checkpoint (export_rm), and read by evaluate_rm (CLI), annotate and
-best-of-n's scorer in place of the Orbax checkpoint. Tiny model, a few steps."""
+from an Orbax checkpoint (export_rm), and read by evaluate_rm (CLI), annotate and the
+attribute scorer in place of the Orbax checkpoint. Tiny model, a few steps."""
 
 import json
 
@@ -11,13 +11,14 @@ from safetensors.numpy import load_file
 from task_configs import TINY_SHAPE, short_config
 from torch_reference import needs_torch, torch
 
-from helpsteer_jax import reward_runtime, runtime
+from helpsteer_jax import runtime
 from helpsteer_jax.data.features import rm as rm_data
 from helpsteer_jax.data.formats import helpsteer as readers
-from helpsteer_jax.data.template import regression_text
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.inference.scoring import RewardModelScorer
 from helpsteer_jax.models import hf
+from helpsteer_jax.scoring import reward_model
+from helpsteer_jax.scoring.load import load_scorer
+from helpsteer_jax.scoring.model import ModelScorer
 from helpsteer_jax.tasks import annotate, attribute_model, evaluate_rm, export_rm
 
 from cli_utils import run_main
@@ -58,14 +59,15 @@ def test_training_exports_a_transformers_reward_model(trained):
   assert model.config.pad_token_id == tokenizer.pad_token_id
   assert model.config.num_labels == 9
 
-  cfg = config("evaluate_rm", init={"checkpoint": str(trained)})
-  cfg.tokenizer = str(trained / "demo_tokenizer")
+  cfg = config("evaluate_rm", scorer={"source": str(trained)})
+  cfg.scorer.tokenizer = str(trained / "demo_tokenizer")
   rt = runtime.setup(cfg)
-  scorer = RewardModelScorer(reward_runtime.build_reward_model(cfg, rt), rt, 8)
+  scorer = load_scorer(cfg.scorer, rt)
   tok = rm_data.RegressionTokenizer(tokenizer, 128)
   convs = readers.read_records(trained / "demo_data", "validation")[:8]
   ids = [tok.ids(c) for c in convs]
-  ours = scorer.score(ids)
+  ours = scorer.score_ids(ids)
+  np.testing.assert_array_equal(scorer(convs), ours)  # conversations tokenized alike
   width = max(map(len, ids))
   padded = np.full((len(ids), width), tokenizer.pad_token_id)
   mask = np.zeros((len(ids), width), np.int64)
@@ -95,17 +97,16 @@ def test_export_rm_converts_the_checkpoint_to_the_training_export(trained, tmp_p
 
 
 def test_evaluate_rm_cli_and_annotate_read_the_hf_directory(trained, tmp_path):
-  """evaluate_rm from the HF directory (CLI, --config.init.checkpoint=<dir>/hf) reports the
+  """evaluate_rm from the HF directory (CLI, --config.scorer.source=<dir>/hf) reports the
   metrics of the Orbax checkpoint; annotate from it writes the same labels."""
   data = {"validation_path": str(trained / "demo_data"), "preference_path": ""}
-  orbax = config("evaluate_rm", init={"checkpoint": str(trained)}, data=data)
-  orbax.tokenizer = str(trained / "demo_tokenizer")
+  orbax = config("evaluate_rm", scorer={"source": str(trained)}, data=data)
+  orbax.scorer.tokenizer = str(trained / "demo_tokenizer")
   want = evaluate_rm.run(orbax, str(tmp_path / "orbax"))
 
-  flags = [f"--config.model.{k}={v}" for k, v in SHAPE.items()]
   run_main("--config=configs/evaluate_rm.py", f"--workdir={tmp_path / 'from_hf'}",
-           f"--config.init.checkpoint={trained / 'hf'}", *flags,
-           "--config.score.batch_size=8", "--config.score.max_len=128",
+           f"--config.scorer.source={trained / 'hf'}", "--config.scorer.model.preset=tiny",
+           "--config.scorer.batch_size=8", "--config.scorer.max_len=128",
            f"--config.data.validation_path={trained / 'demo_data'}")
   got = json.loads((tmp_path / "from_hf" / "rm_report.json").read_text())
   assert set(got["attributes"]) == set(want["attributes"])
@@ -116,26 +117,27 @@ def test_evaluate_rm_cli_and_annotate_read_the_hf_directory(trained, tmp_path):
   outs = {}
   for kind, source in (("orbax", str(trained)), ("hf", str(trained / "hf"))):
     outs[kind] = tmp_path / f"{kind}.jsonl"
-    ann = config("annotate", init={"checkpoint": source},
+    ann = config("annotate", scorer={"source": source},
                  data={"output_path": str(outs[kind]), "max_rows": 12, "chunk_rows": 8,
                        "input_path": str(trained / "demo_data")})
     if kind == "orbax":
-      ann.tokenizer = str(trained / "demo_tokenizer")
+      ann.scorer.tokenizer = str(trained / "demo_tokenizer")
     annotate.run(ann, str(tmp_path / f"annotate_{kind}"))
   assert outs["hf"].read_text() == outs["orbax"].read_text()
 
 
 def test_best_of_n_scorer_reads_either_source(trained):
-  """best-of-n's attribute-model scorer (`reward_runtime.text_scorer`) gives the same
+  """The attribute-model scorer (`load_scorer`, best-of-n's too) gives the same
   predictions from the HF directory as from the Orbax workdir."""
   cfg = config("evaluate_rm")
   rt = runtime.setup(cfg)
   convs = readers.read_records(trained / "demo_data", "validation")[:4]
-  texts = [regression_text(c) for c in convs]
-  from_hf = reward_runtime.text_scorer(str(trained / "hf"), rt, max_len=128)
-  from_orbax = reward_runtime.text_scorer(str(trained), rt, cfg.model, max_len=128)
-  assert from_hf.collective
-  np.testing.assert_allclose(from_hf(texts), from_orbax(texts), atol=1e-5, rtol=0)
+  cfg.scorer.source = str(trained / "hf")
+  from_hf = load_scorer(cfg.scorer, rt)
+  cfg.scorer.source = str(trained)
+  from_orbax = load_scorer(cfg.scorer, rt)
+  assert isinstance(from_hf, ModelScorer) and isinstance(from_orbax, ModelScorer)
+  np.testing.assert_allclose(from_hf(convs), from_orbax(convs), atol=1e-5, rtol=0)
 
 
 def test_head_bias_needs_export_off(trained, tmp_path):
@@ -149,4 +151,4 @@ def test_head_bias_needs_export_off(trained, tmp_path):
   attribute_model.check_config(cfg)
   cfg.init.checkpoint = str(trained)
   with pytest.raises(ConfigError, match="head_bias=False"):
-    reward_runtime.build_reward_model(cfg, runtime.setup(cfg))
+    reward_model.build_reward_model(cfg, runtime.setup(cfg))

@@ -6,6 +6,7 @@ from scipy import stats
 
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.eval import rm_metrics
+from helpsteer_jax.scoring import rewards
 
 M = -100.0
 
@@ -45,8 +46,10 @@ def test_rounding_clips_to_the_score_range():
 
 def test_rewards_are_the_weighted_sum_with_the_steerlm_rm_weights():
   preds = np.arange(18, dtype=np.float64).reshape(2, 9)
-  w = np.asarray(rm_metrics.STEERLM_RM_WEIGHTS)
-  np.testing.assert_allclose(rm_metrics.rewards(preds, w), preds @ w)
+  w = rewards.weight_vector(rewards.HELPSTEER2_WEIGHTS)
+  np.testing.assert_allclose(w, [0, 0, 0, 0, 0.65, 0.8, 0.45, 0.55, -0.4])
+  np.testing.assert_allclose(rewards.rewards(preds, w), preds @ w)
+  np.testing.assert_allclose(rewards.rewards(preds, rewards.HELPSTEER2_WEIGHTS), preds @ w)
   assert w.tolist() == [0, 0, 0, 0, 0.65, 0.8, 0.45, 0.55, -0.4]
 
 

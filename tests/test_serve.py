@@ -4,7 +4,7 @@ References: the official `openai` client (request and response shapes,
 errors as its exception types), raw HTTP through httpx for what the client
 hides (the SSE stream's `data: [DONE]`, malformed JSON), configs/generate.py's
 output for greedy text, data/template.py for the rendered prompt, and the
-annotate path (reward_runtime.build_scorer + rm_eval) for rewards. One server
+annotate path (scoring.load.load_scorer in this process) for rewards. One server
 (tiny random model, demo tokenizer, one device) serves every test; the last
 one stops it with SIGTERM.
 """
@@ -20,15 +20,15 @@ import numpy as np
 import openai
 import pytest
 
-from helpsteer_jax import reward_runtime
 from helpsteer_jax.data import template
 from helpsteer_jax.data.features import tokenize
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.eval import rm_eval
-from helpsteer_jax.inference import attribute_scorer, best_of_n, steering
+from helpsteer_jax.inference import steering
 from helpsteer_jax.models import hf
-from helpsteer_jax.tasks import common
+from helpsteer_jax.scoring import rewards
+from helpsteer_jax.scoring.load import load_scorer, scorer_section
+from helpsteer_jax.tasks import setup as setup_lib
 
 from cli_utils import run_main
 from conftest import REPO_ROOT
@@ -199,16 +199,29 @@ def test_no_compilation_after_warm_up(server):
   assert stats["requests"] > 0
 
 
+def test_rewards_of_many_lengths_compile_nothing_after_warm_up(server):
+  # Scoring pads to fixed length buckets, all compiled at warm-up: inputs of 46 to 454
+  # tokens (every bucket of max_len 512) in batches of 1 to 3 items.
+  lengths = []
+  for words in (1, 9, 20, 40, 90, 130):
+    item = {"messages": [{"role": "user", "content": "count"}],
+            "response": " ".join(f"w{i}" for i in range(words))}
+    response = server.post("rewards", {"items": [item] * (1 + words % 3)})
+    assert response.status_code == 200, response.text
+    assert response.json()["data"][0]["attributes"] is not None
+    lengths.append(words)
+  stats = server.stats()
+  assert stats["compiles"] == server.warm_compiles, (stats, lengths)
+
+
 def _annotate_config(server):
   """configs/annotate.py on the server's attribute model (backbone + head file)."""
   import runpy
   config = runpy.run_path(str(REPO_ROOT / "configs" / "annotate.py"))["get_config"]()
   config.unlock()
-  config.model.hf_path, config.init.checkpoint = str(server.root / "rm"), ""
-  config.init.head = str(server.root / "head.npz")
-  for name in reward_runtime.DEMO_SHAPE:
-    config.model[name] = None
-  config.score.pad_multiple = 16
+  config.scorer.source = str(server.root / "rm")
+  config.scorer.head = str(server.root / "head.npz")
+  config.scorer.max_len = MAX_LENGTH
   config.data.max_rows = 6
   return config
 
@@ -225,30 +238,32 @@ def test_rewards_match_annotate_scoring_and_the_http_scorer(server):
   got = np.asarray([[row["attributes"][n] for n in ATTRIBUTES] for row in data])
   # The annotate path in this process, on the same attribute model.
   config = _annotate_config(server)
-  setup = common.prepare(config, server.root / "ref", tokenizer=False, model=False)
-  scorer, tok = reward_runtime.build_scorer(config, setup.rt,
-                                            hf.load_tokenizer(str(server.root / "rm")))
+  setup = setup_lib.prepare(config, server.root / "ref", tokenizer=False, model=False)
+  scorer = load_scorer(config.scorer, setup.rt)
   from helpsteer_jax.serve import protocol
   convs = [protocol.scored_conversation([protocol.Message(**x) for x in m], r)
            for m, r in items]
-  want, kept = rm_eval.score_conversations(scorer, tok, convs)
-  assert list(kept) == [0, 1]
+  want = scorer(convs)
+  assert not np.isnan(want).any()
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-  weights = best_of_n.weight_vector(best_of_n.HELPSTEER2_WEIGHTS)
+  weights = rewards.weight_vector(rewards.HELPSTEER2_WEIGHTS)
   np.testing.assert_allclose([row["reward"] for row in data], want @ weights, rtol=1e-4,
                              atol=1e-4)
   custom = server.post("rewards", {"items": [{"messages": items[0][0], "response": "x"}],
                                    "weights": {"verbosity": 1.0}}).json()["data"][0]
   assert custom["reward"] == pytest.approx(custom["attributes"]["verbosity"], abs=1e-6)
-  # The http scorer (best-of-n's remote scorer) sends the attribute model's input texts.
+  # The http scorer sends the conversations as items; the attribute model's input texts
+  # (`texts`) score the same.
   os.environ["HELPSTEER_API_KEY"] = KEY
   try:
-    remote = attribute_scorer.load_scorer("http", f"{server.base}/v1")
-    texts = [best_of_n.scoring_text(protocol.conversation([protocol.Message(**x) for x in m]),
-                                    r) for m, r in items]
-    np.testing.assert_allclose(remote(texts), got, rtol=1e-6)
+    remote = load_scorer(scorer_section(source=f"{server.base}/v1"), None)
+    np.testing.assert_allclose(remote(convs), got, rtol=1e-6)
   finally:
     del os.environ["HELPSTEER_API_KEY"]
+  by_text = server.post("rewards", {"texts": [template.regression_text(c) for c in convs]})
+  assert by_text.status_code == 200, by_text.text
+  np.testing.assert_allclose([[row["attributes"][n] for n in ATTRIBUTES]
+                              for row in by_text.json()["data"]], got, rtol=1e-6)
   bad = server.post("rewards", {"texts": ["no marker"]})
   assert bad.status_code == 400 and "attribute-model input" in bad.json()["error"]["message"]
   assert server.post("rewards", {"items": [], "weights": {"wit": 1}}).status_code == 400
@@ -259,8 +274,8 @@ def test_annotate_through_the_server_equals_annotate_in_process(server, tmp_path
   from helpsteer_jax.tasks import annotate
   local = annotate.run(_annotate_config(server), str(tmp_path / "local"))
   config = _annotate_config(server)
-  config.scorer.factory, config.scorer.checkpoint = "http", f"{server.base}/v1"
-  config.scorer.batch = 4  # several requests per chunk
+  config.scorer.source = f"{server.base}/v1"
+  config.scorer.batch_size = 4  # several requests per chunk
   os.environ["HELPSTEER_API_KEY"] = KEY
   try:
     remote = annotate.run(config, str(tmp_path / "remote"))
@@ -269,7 +284,7 @@ def test_annotate_through_the_server_equals_annotate_in_process(server, tmp_path
   assert remote["written"] == local["written"] == 6 and remote["turns"] > 0
   assert ((tmp_path / "remote" / "annotated.jsonl").read_text()
           == (tmp_path / "local" / "annotated.jsonl").read_text())
-  config.scorer.checkpoint = "127.0.0.1:1"
+  config.scorer.source = "127.0.0.1:1"
   with pytest.raises(ConfigError, match="base URL"):
     annotate.run(config, str(tmp_path / "bad"))
 

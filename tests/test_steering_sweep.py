@@ -25,7 +25,8 @@ from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.generator import Completion
 from helpsteer_jax.inference.sampling import SamplingConfig
 from helpsteer_jax.models import builder, hf, presets, reward, reward_hf
-from helpsteer_jax.tasks import common, generate
+from helpsteer_jax.scoring.load import load_scorer
+from helpsteer_jax.tasks import generate
 from helpsteer_jax.tasks import steering_sweep as task
 
 from cli_utils import run_main
@@ -72,7 +73,7 @@ def sweep_config(policy, prompts, **overrides):
 def swept(models, tmp_path_factory):
   policy, rm, prompts = models
   workdir = tmp_path_factory.mktemp("sweep")
-  result = task.run(sweep_config(policy, prompts, scorer=str(rm)), str(workdir))
+  result = task.run(sweep_config(policy, prompts, **{"scorer.source": str(rm)}), str(workdir))
   return workdir, result
 
 
@@ -121,10 +122,11 @@ def test_reports_are_computed_from_the_generations_file(swept, models):
   # The predictions are the attribute model's for the prompt and its response.
   rm = models[1]
   config = sweep_config(*models[::2])
-  scorer = common.attribute_scorer_at(str(rm), runtime.setup(config), 4, "scorer")
+  config.scorer.source = str(rm)
+  scorer = load_scorer(config.scorer, runtime.setup(config))
   first = rows[4]
   request = steering.make_request(first["prompt"], first["attributes"])
-  direct = scorer.score_conversations([request.answered(first["response"])])[0]
+  direct = scorer([request.answered(first["response"])])[0]
   np.testing.assert_allclose([first["predicted"][a] for a in ATTRIBUTES], direct, atol=1e-3)
   assert len({json.dumps(r["predicted"]) for r in rows}) > 1
 
@@ -142,7 +144,7 @@ def test_a_killed_sweep_resumes_to_the_same_result(swept, models, tmp_path):
   policy, rm, prompts = models
   lines = (workdir / task.GENERATIONS_FILE).read_text().splitlines(keepends=True)
   (tmp_path / task.GENERATIONS_FILE).write_text("".join(lines[:6]) + lines[6][:30])
-  result = task.run(sweep_config(policy, prompts, scorer=str(rm)), str(tmp_path))
+  result = task.run(sweep_config(policy, prompts, **{"scorer.source": str(rm)}), str(tmp_path))
   assert result["already_written"] == 6
   assert ((tmp_path / task.GENERATIONS_FILE).read_bytes()
           == (workdir / task.GENERATIONS_FILE).read_bytes())
@@ -150,7 +152,7 @@ def test_a_killed_sweep_resumes_to_the_same_result(swept, models, tmp_path):
   # A file of another sweep is refused, not extended.
   shutil.copy(workdir / task.GENERATIONS_FILE, tmp_path / task.GENERATIONS_FILE)
   with pytest.raises(ConfigError, match="another input"):
-    task.run(sweep_config(policy, prompts, scorer=str(rm), **{"sweep.scores": "1,3"}),
+    task.run(sweep_config(policy, prompts, **{"scorer.source": str(rm), "sweep.scores": "1,3"}),
              str(tmp_path))
 
 

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from task_configs import short_config
 
-from helpsteer_jax import reward_runtime, runtime
+from helpsteer_jax import runtime, saved_params
 from helpsteer_jax.data.formats import helpsteer as readers
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.data.template import parse_label_string
 from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.scoring import reward_model
 from helpsteer_jax.tasks import acsft, annotate, attribute_model, evaluate_rm
-from helpsteer_jax.train import checkpoint as ckpt_lib
 
 config = short_config
 
@@ -34,10 +34,10 @@ def test_attribute_model_annotation_then_acsft(regression_run, tmp_path):
   assert (rm_dir / "head.npz").exists() and (rm_dir / "checkpoints" / "4").is_dir()
 
   out = tmp_path / "annotated.jsonl"
-  ann = config("annotate", init={"checkpoint": str(rm_dir)},
+  ann = config("annotate", scorer={"source": str(rm_dir)},
                data={"output_path": str(out), "max_rows": 20, "chunk_rows": 8,
                      "input_path": str(rm_dir / "demo_data")})
-  ann.tokenizer = str(rm_dir / "demo_tokenizer")
+  ann.scorer.tokenizer = str(rm_dir / "demo_tokenizer")
   counts = annotate.run(ann, str(tmp_path / "annotate"))
   assert counts["written"] == 20 and counts["unscored_turns"] == 0
   convs = readers.read_steerlm_conversations(out)
@@ -53,11 +53,10 @@ def test_attribute_model_annotation_then_acsft(regression_run, tmp_path):
   # The AC-SFT checkpoint initialises an attribute model's backbone (head from zeros).
   init = config("attribute_model", init={"checkpoint": str(tmp_path / "acsft")})
   rt = runtime.setup(init)
-  model = reward_runtime.build_reward_model(init, rt)
-  directory, step = ckpt_lib.find_checkpoint(tmp_path / "acsft")
-  saved, _ = ckpt_lib.restore_params(directory, jax.tree.map(
+  model = reward_model.build_reward_model(init, rt)
+  saved, _ = saved_params.restore_params(tmp_path / "acsft", jax.tree.map(
       lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding),
-      {"final_norm": {"scale": model.backbone.final_norm.scale[...]}}), step)
+      {"final_norm": {"scale": model.backbone.final_norm.scale[...]}}))
   np.testing.assert_array_equal(np.asarray(model.backbone.final_norm.scale[...]),
                                 np.asarray(saved["final_norm"]["scale"]))
   assert not np.any(np.asarray(model.head.kernel[...]))
@@ -72,7 +71,7 @@ def test_scaled_bt_from_the_regression_head_and_evaluation(regression_run, tmp_p
   with pytest.raises(ConfigError, match="packing=False"):
     attribute_model.check_config(_with_loss(config("attribute_model"), "margin_bt"))
   rt = runtime.setup(bt)
-  start = reward_runtime.build_reward_model(bt, rt)
+  start = reward_model.build_reward_model(bt, rt)
   head = np.load(rm_dir / "head.npz")
   np.testing.assert_allclose(np.asarray(start.head.kernel[...]), head["kernel"])
   summary = attribute_model.run(bt, str(tmp_path / "bt"))
@@ -85,11 +84,11 @@ def test_scaled_bt_from_the_regression_head_and_evaluation(regression_run, tmp_p
            "rejected": f"{i} plus 1 is {i + 3}.", "subset": s}
           for i, s in enumerate(["alpacaeval-easy", "math-prm", "hep-go", "donotanswer"] * 2)]
   rewardbench.write_text("".join(json.dumps(r) + "\n" for r in rows))
-  ev = config("evaluate_rm", init={"checkpoint": str(rm_dir)},
+  ev = config("evaluate_rm", scorer={"source": str(rm_dir)},
               data={"rewardbench_path": str(rewardbench),
                     "validation_path": str(rm_dir / "demo_data"),
                     "preference_path": str(tmp_path / "bt" / "demo_data")})
-  ev.tokenizer = str(rm_dir / "demo_tokenizer")
+  ev.scorer.tokenizer = str(rm_dir / "demo_tokenizer")
   report = evaluate_rm.run(ev, str(tmp_path / "eval"))
   assert set(report["attributes"]) == set(ATTRIBUTES[4:])
   assert report["helpsteer2_preference"]["count"] > 0
@@ -107,6 +106,6 @@ def _with_loss(cfg, loss):
 
 def test_annotation_and_evaluation_need_a_trained_model(tmp_path):
   for task, module in (("annotate", annotate), ("evaluate_rm", evaluate_rm)):
-    cfg = config(task, init={"checkpoint": ""})
-    with pytest.raises(ConfigError, match="init.checkpoint"):
+    cfg = config(task, scorer={"source": ""})
+    with pytest.raises(ConfigError, match="scorer.source"):
       module.run(cfg, str(tmp_path))

@@ -17,11 +17,14 @@ Presets: the default (tiny model on the built-in demo data), `llama3_70b_helpste
 """
 
 from helpsteer_jax import config_base
-from helpsteer_jax.reward_runtime import init_config, score_config
+from helpsteer_jax.scoring.reward_model import init_config
 from helpsteer_jax.train.loop import train_config
 from helpsteer_jax.train.optim import optimizer_config
 
 PRESETS = ("demo", "llama3_70b_helpsteer2", "llama2_13b_helpsteer", "llama3_1_70b_scaled_bt")
+RENAMED = {"score.batch_size": "eval_batch_size",
+           "score": "removed: the final evaluation scores train.seq_len-token inputs in"
+                    " batches of eval_batch_size"}
 
 
 def _demo(config):
@@ -43,11 +46,11 @@ def _big(config, preset, *, steps, batch, lr, min_lr=0.0, schedule="cosine", war
   config.train = train_config(num_steps=steps, global_batch=batch, micro_batch=batch,
                               seq_len=4096, log_every=1, eval_every=50, save_every=50,
                               keep_checkpoints=2)
+  config.eval_batch_size = 8
   config.optimizer = optimizer_config(lr=lr, min_lr=min_lr, schedule=schedule,
                                       warmup_steps=warmup, constant_steps=constant_steps,
                                       weight_decay=0.01, grad_clip=1.0)
   config.mesh = config_base.mesh_config(data=1, fsdp=-1, tensor=1)
-  config.score.batch_size = 8
   config.require_hf_path = True
   return config
 
@@ -59,9 +62,9 @@ def get_config(preset: str = ""):
   # A head bias has no place in transformers' *ForSequenceClassification (the HF export
   # at the end of training refuses it); True needs --config.train.export_hf=False.
   config.head_bias = False
+  config.eval_batch_size = 16  # rows per batch of the final evaluation's scoring
   config.data = config_base.data_config()
   config.init = init_config()
-  config.score = score_config()
   if preset in ("", "demo"):
     return _demo(config)
   if preset == "llama3_70b_helpsteer2":

@@ -3,47 +3,44 @@
   helpsteer-jax --config=configs/attribute_model.py      # train the demo RM
   helpsteer-jax --config=configs/build_2d.py             # score the demo pairs
   helpsteer-jax --config=configs/build_2d.py:llama3_70b \
-      --config.init.checkpoint=/runs/attribute_model --config.tokenizer=/models/Meta-Llama-3-70B \
+      --config.scorer.source=/runs/attribute_model \
+      --config.scorer.tokenizer=/models/Meta-Llama-3-70B \
       --config.data.input_path=/data/helpsteer2/train.jsonl.gz
 
 Input: HelpSteer2 rows (paired by prompt, higher helpfulness chosen), HelpSteer2
 preference rows, or prompt/chosen/rejected JSONL; "" = the 2D demo pairs' texts.
-`scorer.factory` is `attribute_model` (the project's attribute model from
-`init.checkpoint` / `model.hf_path`, on the mesh; presets as for annotate),
-`http` (a configs/serve.py server's attribute model, `scorer.checkpoint` its
-base URL) or "package.module:function", a function taking `config.scorer` and
-returning a scorer: texts -> [n, 9] attribute predictions (see
-inference/attribute_scorer.py).
+`scorer.source` is the attribute model: an attribute_model workdir or its HF
+export (on the mesh; presets as for annotate), a configs/serve.py server's base
+URL, or "package.module:function", a factory taking `config.scorer` and
+returning a function conversations -> [n, 9] attribute predictions (see
+scoring/load.py).
 """
 
 import ml_collections
 
 from helpsteer_jax import config_base
-from helpsteer_jax.reward_runtime import (
+from helpsteer_jax.scoring.load import (
+  ATTRIBUTE_MODEL_RUN,
   SCORING_PRESETS,
-  init_config,
-  score_config,
+  SCORING_RENAMED,
   scorer_section,
   scoring_preset,
 )
 
 PRESETS = SCORING_PRESETS
+RENAMED = SCORING_RENAMED
 
 
 def get_config(preset: str = ""):
   config = config_base.base_config("build_2d")
+  del config.model, config.tokenizer  # the attribute model's are config.scorer's
   config.data = ml_collections.ConfigDict(dict(
       input_path="",          # "" = the 2D demo pairs' prompt/chosen/rejected texts
       split="train", on_bad_record="error",
       output_path="",         # "" = <workdir>/helpsteer_2d.jsonl
       max_pairs=0,            # 0 = all
       demo_rows=64,
-      score_max=4.0,
-      truncation="truncate_left",  # or "drop": prefixes longer than score.max_len
-      add_bos=True))
-  config.scorer = scorer_section()
-  # an attribute_model workdir / Orbax checkpoint, or its HF export (<workdir>/hf)
-  config.init = init_config(checkpoint="workdir/attribute_model")
-  config.score = score_config()
+      score_max=4.0))
+  config.scorer = scorer_section(source=ATTRIBUTE_MODEL_RUN)
   config.segment_score = "in_context"  # or "prefix_difference"
   return scoring_preset(config, preset)

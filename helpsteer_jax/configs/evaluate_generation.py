@@ -9,7 +9,7 @@
   # any OpenAI-compatible judge (vLLM, SGLang, configs/serve.py)
   ... --config.judge.base_url=http://127.0.0.1:8001/v1 --config.judge.model=<served name>
   # the project's attribute model as judge: predicted attributes and reward per answer
-  ... --config.judge.kind=attribute_model --config.judge.scorer=workdir/attribute_model
+  ... --config.judge.kind=attribute_model --config.scorer.source=workdir/attribute_model
 
 `mt_bench.dir` is FastChat's `fastchat/llm_judge/data/mt_bench` (question.jsonl,
 reference_answer/gpt-4.jsonl; judge_prompts.jsonl one level up), or a
@@ -22,12 +22,13 @@ Presets: as configs/generate.py (default: the demo AC-SFT run's `tiny` model).
 
 import ml_collections
 
-from helpsteer_jax.inference import steering
-from helpsteer_jax.inference.best_of_n import HELPSTEER2_WEIGHTS
 from helpsteer_jax.inference.generation_config import PRESETS as GENERATION_PRESETS
 from helpsteer_jax.inference.generation_config import generation_config
+from helpsteer_jax.scoring.load import scorer_section
 
 PRESETS = GENERATION_PRESETS
+RENAMED = {"judge.scorer": "scorer.source", "judge.batch_size": "scorer.batch_size",
+           "judge.weights": "scorer.weights"}
 
 
 def get_config(preset: str = ""):
@@ -48,9 +49,8 @@ def get_config(preset: str = ""):
       max_retries=5,          # per request, exponential backoff (the openai client's)
       timeout=120.0,          # seconds per attempt
       parallel=4,             # requests in flight
-      max_tokens=2048,
-      scorer="",              # attribute_model: a workdir, HF reward dir or serve URL
-      batch_size=8,           # attribute_model: conversations per scorer call
-      weights=ml_collections.ConfigDict({name: HELPSTEER2_WEIGHTS.get(name, 0.0)
-                                         for name in steering.NEMO_DEFAULTS})))
+      max_tokens=2048))
+  # judge.kind=attribute_model: the attribute model (a workdir, HF reward dir or serve URL)
+  # and the weights of its reward
+  config.scorer = scorer_section(batch_size=8)
   return config

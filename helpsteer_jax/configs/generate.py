@@ -6,7 +6,8 @@
   # a file of prompts, per-run attributes, sampling, best-of-4
   helpsteer-jax --config=configs/generate.py \
       --config.model.hf_path=workdir/acsft/hf --config.input=prompts.jsonl \
-      --config.sampling.temperature=0.7 --config.best_of_n.n=4
+      --config.sampling.temperature=0.7 --config.best_of_n.n=4 \
+      --config.scorer.source=workdir/attribute_model
   # interactive chat
   helpsteer-jax --config=configs/generate.py \
       --config.checkpoint=workdir/acsft --config.mode=chat
@@ -26,12 +27,13 @@ NeMo's SteerLM models; `--config.steer_attributes` overrides.
 
 import ml_collections
 
-from helpsteer_jax.inference import steering
-from helpsteer_jax.inference.best_of_n import HELPSTEER2_WEIGHTS
 from helpsteer_jax.inference.generation_config import PRESETS as GENERATION_PRESETS
 from helpsteer_jax.inference.generation_config import generation_config
+from helpsteer_jax.scoring.load import scorer_section
 
 PRESETS = GENERATION_PRESETS
+RENAMED = {"best_of_n.scorer": "scorer.source", "best_of_n.scorer_path": "scorer.source",
+           "best_of_n.weights": "scorer.weights"}
 
 
 def get_config(preset: str = ""):
@@ -39,10 +41,8 @@ def get_config(preset: str = ""):
   config.mode = "file"         # "file" or "chat"
   config.input = ""            # .jsonl / text file, "-" = stdin, "" = held-out demo prompts
   config.output = ""           # "" = <workdir>/generations.jsonl
-  # scorer: demo_rules | attribute_model (scorer_path = an attribute_model workdir or its
-  # HF export) | package.module:function (called with scorer_path)
-  config.best_of_n = ml_collections.ConfigDict(dict(
-      n=1, scorer="demo_rules", scorer_path="",
-      weights=ml_collections.ConfigDict({name: HELPSTEER2_WEIGHTS.get(name, 0.0)
-                                         for name in steering.NEMO_DEFAULTS})))
+  config.best_of_n = ml_collections.ConfigDict(dict(n=1))  # > 1: the best of n samples
+  # best-of-n's attribute model: demo_rules, an attribute_model workdir or its HF export,
+  # a server URL or package.module:function; the reward weighs its predictions by weights
+  config.scorer = scorer_section(source="demo_rules")
   return config

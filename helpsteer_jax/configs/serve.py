@@ -4,7 +4,7 @@
   helpsteer-jax --config=configs/serve.py --config.checkpoint=workdir/acsft
   # an HF directory, sampled by default as OpenAI's API, with the attribute model's rewards
   helpsteer-jax --config=configs/serve.py --config.model.hf_path=workdir/acsft/hf \
-      --config.reward.checkpoint=workdir/attribute_model
+      --config.scorer.source=workdir/attribute_model
   # a published SteerLM model, tensor-parallel over 8 devices, behind an API key
   HELPSTEER_API_KEY=secret helpsteer-jax --config=configs/serve.py:llama3_70b \
       --config.model.hf_path=/models/Llama3-70B-SteerLM-Chat
@@ -19,24 +19,14 @@ import ml_collections
 from helpsteer_jax import config_base
 from helpsteer_jax.data.template import DEFAULT_SYSTEM
 from helpsteer_jax.inference import steering
-from helpsteer_jax.inference.best_of_n import HELPSTEER2_WEIGHTS
 from helpsteer_jax.inference.generator import DEFAULT_STOP_STRINGS
-from helpsteer_jax.reward_runtime import DEMO_SHAPE
+from helpsteer_jax.scoring.load import scorer_section
 
 PRESETS = ("demo", "llama2_70b", "llama3_70b", "llama3_8b", "smollm2_135m")
-
-
-def reward_section() -> ml_collections.ConfigDict:
-  """The attribute model behind /v1/rewards (none unless `checkpoint` or `model.hf_path`)."""
-  # The demo attribute model's shape: the default attribute_model run loads as is.
-  demo = config_base.model_section("tiny", **DEMO_SHAPE)
-  return ml_collections.ConfigDict(dict(
-      checkpoint="",       # an attribute_model workdir (backbone + head)
-      head="auto",         # with model.hf_path: a head.npz written by attribute_model
-      model=demo, tokenizer="", batch_size=8, pad_multiple=64, max_len=4096,
-      truncation="truncate_left", add_bos=True,
-      weights=ml_collections.ConfigDict({name: HELPSTEER2_WEIGHTS.get(name, 0.0)
-                                         for name in steering.NEMO_DEFAULTS})))
+RENAMED = {"reward.checkpoint": "scorer.source", "reward.model.hf_path": "scorer.source",
+           "reward.pad_multiple": "removed: scoring pads to fixed length buckets"
+                                  " (scorer.max_len)",
+           "reward": "scorer"}
 
 
 def get_config(preset: str = ""):
@@ -62,7 +52,8 @@ def get_config(preset: str = ""):
       max_n=8,
       warmup=True,           # compile every shape before listening
       drain_seconds=60))     # SIGTERM: how long in-flight requests may take to finish
-  config.reward = reward_section()
+  # The attribute model behind /v1/rewards (none while scorer.source is empty).
+  config.scorer = scorer_section(batch_size=8)
   if preset in ("", "demo"):
     config.model = config_base.model_section("tiny")
     config.serve.max_length = 1024

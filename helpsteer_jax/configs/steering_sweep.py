@@ -9,7 +9,8 @@ attribute model its predictions.
   helpsteer-jax --config=configs/steering_sweep.py:llama3_70b \
       --config.model.hf_path=/models/Llama3-70B-SteerLM-Chat \
       --config.mt_bench.questions=/data/mt_bench/question.jsonl \
-      --config.scorer=/runs/attribute_model --config.sweep.attributes=verbosity,complexity
+      --config.scorer.source=/runs/attribute_model \
+      --config.sweep.attributes=verbosity,complexity
 
 Writes <workdir>/sweep_generations.jsonl (rerunning the same command resumes it),
 sweep.json, sweep.md and sweep.png. Model loading, decoding, steering and the presets
@@ -24,6 +25,7 @@ import ml_collections
 from helpsteer_jax.inference.generation_config import PRESETS as GENERATION_PRESETS
 
 PRESETS = GENERATION_PRESETS  # generate's
+RENAMED = {"scorer": "scorer.source"}
 
 
 def get_config(preset: str = ""):
@@ -40,7 +42,7 @@ def get_config(preset: str = ""):
   config.sweep = ml_collections.ConfigDict(dict(
       attributes="",            # "" = the label's (the model's steerable ones); or a list
       scores="0,1,2,3,4"))      # the values asked for ("values" would shadow ConfigDict's)
-  # An attribute model (workdir, HF reward directory or a serve URL), demo_rules (the demo
-  # data's own rules), or "" = no predictions.
-  config.scorer = ""
+  # scorer.source: an attribute model (workdir, HF reward directory or a serve URL),
+  # demo_rules (the demo data's own rules), or "" = no predictions.
+  config.scorer.source = ""
   return config

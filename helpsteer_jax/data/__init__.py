@@ -10,19 +10,3 @@ Layers (imports point down):
                                imported on its own, it loads grain)
   demo/                        demo files in the formats above, and the demo tokenizer
 """
-
-from helpsteer_jax.data import demo, features, formats, records, segment, template
-from helpsteer_jax.data.records import (
-    ATTRIBUTES,
-    CHOSEN,
-    HELPSTEER_ATTRIBUTES,
-    IGNORE_LABEL,
-    REJECTED,
-    Conversation,
-    Turn,
-)
-
-__all__ = [
-    "ATTRIBUTES", "CHOSEN", "Conversation", "HELPSTEER_ATTRIBUTES", "IGNORE_LABEL", "REJECTED",
-    "Turn", "demo", "features", "formats", "records", "segment", "template",
-]

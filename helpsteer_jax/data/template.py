@@ -163,6 +163,22 @@ def regression_text(conv: Conversation) -> str:
   return "".join(p.text for p in regression_pieces(conv))
 
 
+def parse_regression_text(text: str) -> Conversation:
+  """The conversation whose `regression_text` is `text` (ValueError if there is none): how a
+  text in the attribute model's input format becomes what scorers take."""
+  header = f"{SYSTEM_START}System{END_OF_NAME}"
+  if not text.startswith(header) or not text.endswith(f"{END_OF_TURN}{LABEL_START}"):
+    raise ValueError(f"not an attribute-model input: expected {header!r}, the turns, then"
+                     f" the response and {LABEL_START!r}")
+  system, *parts = _PROMPT_MARKER.split(text[len(header):-len(LABEL_START) - 1])
+  turns = tuple(Turn(role, body) for role, body in zip(parts[0::2], parts[1::2]))
+  conv = Conversation(system, turns)
+  if not turns or turns[-1].role != "Assistant" or regression_text(conv) != text:
+    raise ValueError("not an attribute-model input: expected a conversation ending in an"
+                     f" assistant turn and {LABEL_START!r}")
+  return conv
+
+
 def split_helpsteer_prompt(prompt: str) -> list[Turn]:
   """Splits a HelpSteer2 multi-turn prompt into unlabelled turns.
 

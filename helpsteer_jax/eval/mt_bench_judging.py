@@ -22,7 +22,8 @@ from helpsteer_jax.eval import mt_bench_judge
 from helpsteer_jax.eval.judge_client import JudgeError, JudgmentCache, OpenAIJudge
 from helpsteer_jax.eval.mt_bench_answers import conversation
 from helpsteer_jax.eval.mt_bench_data import JudgePrompt, Question
-from helpsteer_jax.inference import attribute_scorer
+from helpsteer_jax.scoring import rewards
+from helpsteer_jax.scoring.scorer import Scorer, predict
 
 
 @dataclasses.dataclass
@@ -79,9 +80,9 @@ def llm_judgments(questions: Sequence[Question], answers: dict[int, dict],
 
 
 def attribute_judgments(questions: Sequence[Question], answers: dict[int, dict],
-                        scorer: attribute_scorer.MeshScorer, weights: np.ndarray,
-                        system: str, model_id: str, judge_name: str, batch_size: int,
-                        on_batch: Callable[[int], None] | None = None) -> Outcome:
+                        scorer: Scorer, weights: np.ndarray, system: str, model_id: str,
+                        judge_name: str, on_batch: Callable[[int], None] | None = None
+                        ) -> Outcome:
   """Rows with the nine predicted attributes of each answer turn and its reward
   (`weights` . predictions); run on every process (the scorer shards over the mesh)."""
   convs, keys = [], []
@@ -91,12 +92,13 @@ def attribute_judgments(questions: Sequence[Question], answers: dict[int, dict],
     for turn in range(1, len(q.turns) + 1):
       convs.append(conversation(q, turns[:turn], row["attributes"], system, ask_next=False))
       keys.append((q, turn))
-  preds = attribute_scorer.predict(convs, scorer, batch_size, on_batch)
+  preds = predict(convs, scorer, on_batch)
+  reward = rewards.rewards(preds, weights)
   rows = []
-  for (q, turn), p in zip(keys, preds):
+  for (q, turn), p, r in zip(keys, preds, reward):
     scored = bool(np.all(np.isfinite(p)))
     rows.append({"question_id": q.question_id, "category": q.category, "model": model_id,
                  "judge": [judge_name, "attributes"], "turn": turn,
                  "attributes": {a: float(v) for a, v in zip(ATTRIBUTES, p)} if scored else None,
-                 "score": float(weights @ p) if scored else mt_bench_judge.UNPARSED})
+                 "score": float(r) if scored else mt_bench_judge.UNPARSED})
   return Outcome(rows, [])

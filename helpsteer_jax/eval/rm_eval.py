@@ -1,8 +1,9 @@
-"""Scoring evaluation sets with a trained reward model.
+"""Scoring evaluation sets with an attribute scorer.
 
 Shared by the evaluate_rm task and the end of attribute_model training:
 attribute metrics on labelled conversations, pairwise accuracy on
-preference pairs (HelpSteer2-Preference, RewardBench).
+preference pairs (HelpSteer2-Preference, RewardBench). A conversation the
+scorer could not score (NaN: too long) is dropped and counted.
 """
 
 from __future__ import annotations
@@ -15,24 +16,22 @@ from helpsteer_jax.data.features import rm as rm_data
 from helpsteer_jax.data.formats.preference import PreferencePair
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation
 from helpsteer_jax.eval import rm_metrics
-from helpsteer_jax.inference.scoring import RewardModelScorer
+from helpsteer_jax.scoring import rewards
+from helpsteer_jax.scoring.scorer import Scorer, predict
 
 
-def score_conversations(scorer: RewardModelScorer, tok: rm_data.RegressionTokenizer,
-                        convs: Sequence[Conversation],
+def score_conversations(scorer: Scorer, convs: Sequence[Conversation],
                         on_batch: Callable[[int], None] | None = None
                         ) -> tuple[np.ndarray, np.ndarray]:
-  """(predictions of the kept conversations, their indices); too-long ones dropped."""
-  ids = [tok.ids(c) for c in convs]
-  kept = np.asarray([i for i, x in enumerate(ids) if x is not None], np.int64)
-  return scorer.score([ids[i] for i in kept], on_batch), kept
+  """(predictions of the scored conversations, their indices); unscored ones dropped."""
+  preds = predict(convs, scorer, on_batch)
+  kept = np.flatnonzero(~np.isnan(preds).any(axis=1))
+  return preds[kept], kept
 
 
-def evaluate_attributes(scorer: RewardModelScorer, tok: rm_data.RegressionTokenizer,
-                        convs: Sequence[Conversation],
-                        on_batch=None) -> dict:
+def evaluate_attributes(scorer: Scorer, convs: Sequence[Conversation], on_batch=None) -> dict:
   """{metrics, predictions, labels, dropped} on labelled conversations."""
-  preds, kept = score_conversations(scorer, tok, convs, on_batch)
+  preds, kept = score_conversations(scorer, convs, on_batch)
   labels = np.zeros((len(kept), len(ATTRIBUTES)), np.float32)
   for row, i in enumerate(kept):
     labels[row] = rm_data.label_vector(convs[i].attributes)
@@ -40,18 +39,15 @@ def evaluate_attributes(scorer: RewardModelScorer, tok: rm_data.RegressionTokeni
           "labels": labels, "dropped": len(convs) - len(kept)}
 
 
-def evaluate_pairs(scorer: RewardModelScorer, tok: rm_data.RegressionTokenizer,
-                   pairs: Sequence[PreferencePair],
-                   weights: Sequence[float], on_batch=None) -> dict:
+def evaluate_pairs(scorer: Scorer, pairs: Sequence[PreferencePair], weights,
+                   on_batch=None) -> dict:
   """Pairwise accuracy (overall and per subset) with reward = predictions . weights.
 
-  Ties (strength 0) are not counted; pairs with a response too long are dropped.
+  Ties (strength 0) are not counted; pairs with a response not scored are dropped.
   """
   pairs = [p for p in pairs if p.strength != 0]
   convs = [c for p in pairs for c in (p.chosen, p.rejected)]
-  preds, kept = score_conversations(scorer, tok, convs, on_batch)
-  reward = np.full(len(convs), np.nan)
-  reward[kept] = rm_metrics.rewards(preds, weights)
+  reward = rewards.rewards(predict(convs, scorer, on_batch), weights)
   r_c, r_r = reward[0::2], reward[1::2]
   ok = ~(np.isnan(r_c) | np.isnan(r_r))
   subsets = [p.subset for p, k in zip(pairs, ok) if k]

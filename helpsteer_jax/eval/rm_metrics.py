@@ -18,8 +18,6 @@ import numpy as np
 from helpsteer_jax.data.records import ATTRIBUTES, IGNORE_LABEL, MAX_SCORE, MIN_SCORE
 
 # Llama3-70B-SteerLM-RM: reward = attributes . weights (ATTRIBUTES order).
-STEERLM_RM_WEIGHTS = (0.0, 0.0, 0.0, 0.0, 0.65, 0.8, 0.45, 0.55, -0.4)
-
 REWARDBENCH_SECTIONS = {
     "Chat": ("alpacaeval-easy", "alpacaeval-length", "alpacaeval-hard", "mt-bench-easy",
              "mt-bench-med"),
@@ -70,11 +68,6 @@ def attribute_metrics(preds: np.ndarray, labels: np.ndarray) -> dict[str, dict[s
                  "mae": float(np.mean(np.abs(p - t))), "pearson": pearson(p, t),
                  "accuracy": float(np.mean(rounded(p) == t))}
   return out
-
-
-def rewards(preds: np.ndarray, weights: Sequence[float]) -> np.ndarray:
-  """Scalar rewards: predicted attributes . weights."""
-  return np.asarray(preds, np.float64) @ np.asarray(weights, np.float64)
 
 
 def pairwise_accuracy(r_chosen: np.ndarray, r_rejected: np.ndarray) -> float:

@@ -26,9 +26,9 @@ from helpsteer_jax.data import segment
 from helpsteer_jax.data.records import ATTRIBUTES, MAX_SCORE, MIN_SCORE
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import steering
-from helpsteer_jax.inference.attribute_scorer import MeshScorer, predict
 from helpsteer_jax.inference.generator import Generator
 from helpsteer_jax.inference.sampling import SamplingConfig
+from helpsteer_jax.scoring.scorer import Scorer
 
 DEFAULT_VALUES = tuple(range(MIN_SCORE, MAX_SCORE + 1))
 LENGTH = "length"  # the finish reason of a response cut by max_new_tokens
@@ -95,8 +95,8 @@ def sweep_requests(prompts: Sequence[steering.Request], grid: Sequence[Setting]
 
 
 def answer_rows(generator: Generator, batch: Sequence[steering.Request], max_new_tokens: int,
-                sampling: SamplingConfig, seed: int, scorer: MeshScorer | None = None,
-                score_batch: int = 16) -> list[dict]:
+                sampling: SamplingConfig, seed: int, scorer: Scorer | None = None
+                ) -> list[dict]:
   """One output row per request: the response, its finish reason and token count, and
   with `scorer` the nine predicted attributes (None where a response was not scored)."""
   completions = generator.complete([r.prompt_text() for r in batch], max_new_tokens,
@@ -105,8 +105,7 @@ def answer_rows(generator: Generator, batch: Sequence[steering.Request], max_new
   rows = [req.output_row(text, finish_reason=c.finish_reason, tokens=len(c.token_ids))
           for req, text, c in zip(batch, responses, completions)]
   if scorer is not None:
-    preds = predict([req.answered(text) for req, text in zip(batch, responses)], scorer,
-                    score_batch)
+    preds = scorer([req.answered(text) for req, text in zip(batch, responses)])
     for row, p in zip(rows, preds):
       row["predicted"] = None if np.isnan(p).any() else {
           name: round(float(x), 4) for name, x in zip(ATTRIBUTES, p)}
@@ -115,7 +114,7 @@ def answer_rows(generator: Generator, batch: Sequence[steering.Request], max_new
 
 def generate_rows(generator: Generator, requests: Sequence[steering.Request],
                   out_path: pathlib.Path, *, batch_size: int, max_new_tokens: int,
-                  sampling: SamplingConfig, seed: int = 0, scorer: MeshScorer | None = None,
+                  sampling: SamplingConfig, seed: int = 0, scorer: Scorer | None = None,
                   option: str = "the workdir") -> int:
   """Appends the rows of `requests` not yet in `out_path` (a batch's seed is `seed` + its
   first row, as the generate task's); returns how many were there already.
@@ -132,7 +131,7 @@ def generate_rows(generator: Generator, requests: Sequence[steering.Request],
     own = [i for i in indices if source[i] == i]
     if own:
       rows = answer_rows(generator, [requests[i] for i in own], max_new_tokens, sampling,
-                         seed + start, scorer, batch_size)
+                         seed + start, scorer)
       answered.update(zip(own, rows))
     return [answered[i] if source[i] == i else _copied_row(answered, source[i], requests[i],
                                                            out_path)

@@ -19,27 +19,14 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-import jax
 import ml_collections
 from flax import nnx
 
-from helpsteer_jax import runtime
+from helpsteer_jax import runtime, saved_params
+from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.data import chat_template
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import builder, families, hf
-from helpsteer_jax.train import checkpoint as ckpt_lib
-
-
-def checkpoint_dir(path: str | pathlib.Path) -> pathlib.Path:
-  """The Orbax directory of a training workdir (or the directory itself)."""
-  path = pathlib.Path(path).expanduser()
-  if (path / "checkpoints").is_dir():
-    return path / "checkpoints"
-  if path.is_dir() and any(p.name.isdigit() for p in path.iterdir()):
-    return path
-  raise ConfigError(f"{path} is neither a training workdir (with checkpoints/) nor an"
-                    " Orbax checkpoint directory; set --config.checkpoint to one, or use"
-                    " --config.model.hf_path for an HF directory")
 
 
 def load_model(config: ml_collections.ConfigDict, rt: runtime.Runtime) -> nnx.Module:
@@ -54,8 +41,8 @@ def load_model(config: ml_collections.ConfigDict, rt: runtime.Runtime) -> nnx.Mo
                       " instead of --config.checkpoint")
   if not config.checkpoint:
     return builder.merge_adapters(runtime.build_model(config, rt))
-  directory = checkpoint_dir(config.checkpoint)
-  shapes, step = ckpt_lib.param_shapes(directory, config.checkpoint_step)
+  directory = saved_params.checkpoint_dir(config.checkpoint)
+  shapes, step = saved_params.param_shapes(directory, config.checkpoint_step)
   base = runtime.model_config(config)
   inferred = families.for_config(base).shape_fields(shapes)
   explicit = {k for k in inferred if config.model.get(k) is not None}
@@ -64,9 +51,8 @@ def load_model(config: ml_collections.ConfigDict, rt: runtime.Runtime) -> nnx.Mo
   builder.validate_model_on_mesh(cfg, rt.mesh, rt.rules)
   graphdef, abstract = builder.abstract_model(cfg)
   shardings = nnx.to_pure_dict(builder.state_shardings(abstract, rt.mesh, rt.rules))
-  target = jax.tree.map(lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s),
-                        nnx.to_pure_dict(abstract), shardings)
-  params, _ = ckpt_lib.restore_params(directory, target, step)
+  target = sharding_lib.abstract_arrays(nnx.to_pure_dict(abstract), shardings)
+  params, _ = saved_params.restore_params(directory, target, step)
   nnx.replace_by_pure_dict(abstract, params)
   return nnx.merge(graphdef, abstract)
 
@@ -84,10 +70,9 @@ def load_with_tokenizer(config: ml_collections.ConfigDict, rt: runtime.Runtime,
 def tokenizer_dir(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> str:
   """`config.tokenizer`, the HF directory's, the training workdir's, or the demo one."""
   if not config.tokenizer and not config.model.hf_path and config.checkpoint:
-    run_dir = checkpoint_dir(config.checkpoint).parent
-    for candidate in (run_dir / "hf", run_dir / "demo_tokenizer"):
-      if any((candidate / name).is_file() for name in hf.TOKENIZER_FILES):
-        return str(candidate)
+    found = saved_params.run_tokenizer_dir(config.checkpoint)
+    if found is not None:
+      return str(found)
   return runtime.tokenizer_dir(config, workdir)
 
 
@@ -101,5 +86,5 @@ def steer_spec(config: ml_collections.ConfigDict) -> chat_template.SteerSpec | N
   if config.model.hf_path:
     return chat_template.read_spec(config.model.hf_path)
   if config.checkpoint:
-    return chat_template.read_spec(checkpoint_dir(config.checkpoint).parent / "hf")
+    return chat_template.read_spec(saved_params.run_dir(config.checkpoint) / saved_params.HF_EXPORT)
   return None

@@ -24,8 +24,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from helpsteer_jax.data import template
-from helpsteer_jax.inference import best_of_n, steering
 from helpsteer_jax.inference import engine as engine_lib
+from helpsteer_jax.inference import steering
+from helpsteer_jax.scoring import rewards as rewards_lib
 from helpsteer_jax.serve import playground, protocol
 from helpsteer_jax.serve.backend import AttributeModel, CompileCounter, Policy
 
@@ -241,26 +242,27 @@ def create_app(policy: Policy, settings: Settings, attribute_model: AttributeMod
     req = _parse(protocol.RewardRequest, await request.body())
     if attribute_model is None:
       raise protocol.ApiError("this server has no attribute model: start it with"
-                              " --config.reward.checkpoint=<attribute_model workdir>", 404,
+                              " --config.scorer.source=<attribute_model workdir>", 404,
                               code="not_found")
     if (req.items is None) == (req.texts is None):
       raise protocol.ApiError("give either 'items' ([{messages, response}]) or 'texts'",
                               param="items")
     try:
       weights = (attribute_model.weights if req.weights is None
-                 else best_of_n.weight_vector(req.weights))
+                 else rewards_lib.weight_vector(req.weights))
     except Exception as e:  # noqa: BLE001 - ConfigError naming the unknown attribute
       raise protocol.ApiError(f"weights: {e}", param="weights") from None
     if req.items is not None:
       convs = [protocol.scored_conversation(it.messages, it.response) for it in req.items]
-      preds = await asyncio.to_thread(attribute_model.score_conversations, convs)
     else:
       try:
-        preds = await asyncio.to_thread(attribute_model.score_texts, req.texts)
+        convs = [template.parse_regression_text(text) for text in req.texts]
       except ValueError as e:
         raise protocol.ApiError(f"texts: {e}", param="texts") from None
+    preds = await asyncio.to_thread(attribute_model.scorer, convs)
     scored = [None if np.isnan(p).any() else p for p in preds]
-    rewards_ = [None if p is None else float(p @ weights) for p in scored]
+    rewards_ = [None if p is None else float(rewards_lib.rewards(p[None], weights)[0])
+                for p in scored]
     return {"object": "list", "model": settings.model_name,
             "data": protocol.reward_rows(scored, rewards_)}
 

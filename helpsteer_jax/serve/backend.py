@@ -1,9 +1,8 @@
 """What the server runs: the policy's engine, its default attributes, the attribute model.
 
 The policy loads as configs/generate.py loads it (`inference.loading`: an HF
-directory or any training task's Orbax checkpoint). `default_attributes`
-and `load_attribute_model` are the two seams for what a model directory may
-carry with it (saved steering defaults, an attribute model export).
+directory or any training task's Orbax checkpoint), the attribute model as
+every task loads one (`scoring.load.load_scorer` of `config.scorer`).
 """
 
 from __future__ import annotations
@@ -11,24 +10,22 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import jax
 import ml_collections
 import numpy as np
 from absl import logging
 
-from helpsteer_jax import reward_runtime, runtime
+from helpsteer_jax import runtime
 from helpsteer_jax.data import template
 from helpsteer_jax.data.features import tokenize
-from helpsteer_jax.data.features.rm import RegressionTokenizer
-from helpsteer_jax.data.records import NUM_ATTRIBUTES, Conversation
-from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.inference import best_of_n, loading, steering
+from helpsteer_jax.inference import loading, steering
 from helpsteer_jax.inference.engine import Engine
 from helpsteer_jax.inference.generator import eos_ids, stop_tokens
-from helpsteer_jax.inference.scoring import RewardModelScorer
-from helpsteer_jax.models import hf, reward_hf
+from helpsteer_jax.scoring import rewards
+from helpsteer_jax.scoring.load import load_scorer
+from helpsteer_jax.scoring.scorer import Scorer
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
@@ -82,71 +79,20 @@ def load_policy(config: ml_collections.ConfigDict, rt: runtime.Runtime,
   return Policy(engine, tokenizer, encode)
 
 
-def _pieces_of_text(text: str) -> list[template.Piece]:
-  """`template.regression_pieces` of an attribute-model input text (ValueError if not one)."""
-  header = f"{template.TURN_START}Assistant{template.END_OF_NAME}"
-  prefix, sep, response = text.removesuffix(template.LABEL_START).rpartition(header)
-  if not text.endswith(template.LABEL_START) or not sep:
-    raise ValueError("not an attribute-model input: expected a conversation ending in an"
-                     f" assistant turn and {template.LABEL_START!r}")
-  return [template.Piece(prefix, False), template.Piece(header, False),
-          template.Piece(response, True), template.Piece(template.LABEL_START, True)]
-
-
+@dataclasses.dataclass
 class AttributeModel:
-  """The attribute model behind the reward endpoint: [n, 9] predictions, NaN for
-  inputs too long to score (after the configured truncation)."""
+  """The scorer behind /v1/rewards and the default weights of its reward."""
 
-  def __init__(self, scorer: RewardModelScorer, tok: RegressionTokenizer,
-               weights: np.ndarray):
-    self.scorer, self.tok, self.weights = scorer, tok, weights
-    self._lock = threading.Lock()  # one scoring batch at a time
-
-  def _score(self, ids: Sequence[np.ndarray | None]) -> np.ndarray:
-    out = np.full((len(ids), NUM_ATTRIBUTES), np.nan, np.float32)
-    kept = [i for i, x in enumerate(ids) if x is not None]
-    with self._lock:
-      out[kept] = self.scorer.score([ids[i] for i in kept])
-    return out
-
-  def score_conversations(self, convs: Sequence[Conversation]) -> np.ndarray:
-    return self._score([self.tok.ids(c) for c in convs])
-
-  def score_texts(self, texts: Sequence[str]) -> np.ndarray:
-    ids = []
-    for text in texts:
-      example = tokenize.tokenize_pieces(_pieces_of_text(text), self.tok.tokenizer,
-                                         add_bos=self.tok.add_bos)
-      fitted = tokenize.truncate(example, self.tok.max_len, self.tok.truncation)
-      ids.append(None if fitted is None else fitted.ids)
-    return self._score(ids)
+  scorer: Scorer
+  weights: np.ndarray
 
 
-def load_attribute_model(config: ml_collections.ConfigDict, rt: runtime.Runtime,
-                         workdir: pathlib.Path) -> AttributeModel | None:
-  """The attribute model of `config.reward` (None when none is configured).
-
-  `reward.checkpoint` is an attribute_model workdir (backbone and head) or its
-  HF sequence-classification export, or `reward.model.hf_path` with
-  `reward.head` a head file; its shape flags are
-  `reward.model.*`, as annotate's `model.*`.
-  """
-  r = config.reward
-  if not r.checkpoint and not r.model.hf_path:
+def load_attribute_model(config: ml_collections.ConfigDict,
+                         rt: runtime.Runtime) -> AttributeModel | None:
+  """`config.scorer`'s attribute model (None while `scorer.source` is empty): any scorer
+  source (an attribute_model run, its HF export, an HF backbone with `scorer.head`, ...)."""
+  if not config.scorer.source:
     return None
-  if not r.checkpoint and r.head in ("auto", "zeros"):
-    raise ConfigError("reward.model.hf_path needs --config.reward.head=<head.npz> (or use"
-                      " --config.reward.checkpoint=<attribute_model workdir>)")
-  sub = ml_collections.ConfigDict(dict(
-      seed=config.seed, model=r.model, tokenizer=r.tokenizer, checkpoint=r.checkpoint,
-      init=reward_runtime.init_config(checkpoint=r.checkpoint, head=r.head)))
-  model = reward_runtime.build_reward_model(sub, rt)
-  if r.checkpoint and not r.tokenizer and reward_hf.is_reward_dir(r.checkpoint):
-    tok_dir = r.checkpoint  # an HF export carries its tokenizer
-  else:
-    tok_dir = loading.tokenizer_dir(sub, workdir)
-  tokenizer = hf.load_tokenizer(tok_dir)
-  scorer = RewardModelScorer(model, rt, r.batch_size, r.pad_multiple)
-  tok = RegressionTokenizer(tokenizer, r.max_len, r.truncation, r.add_bos)
-  logging.info("attribute model loaded from %s", r.checkpoint or r.model.hf_path)
-  return AttributeModel(scorer, tok, best_of_n.weight_vector(r.weights.to_dict()))
+  scorer = load_scorer(config.scorer, rt)
+  logging.info("attribute model loaded from %s", config.scorer.source)
+  return AttributeModel(scorer, rewards.weight_vector(config.scorer.weights.to_dict()))

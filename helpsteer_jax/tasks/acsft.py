@@ -24,8 +24,9 @@ from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.formats.task_source import load_conversations
 from helpsteer_jax.losses.sft import sft_loss
 from helpsteer_jax.models import builder
-from helpsteer_jax.tasks import common
-from helpsteer_jax.train import abstract_step, loop
+from helpsteer_jax.tasks import setup as setup_lib
+from helpsteer_jax.tasks import summary as summary_lib
+from helpsteer_jax.train import abstract_step, export, loop
 from helpsteer_jax.train import state as state_lib
 
 
@@ -52,7 +53,7 @@ def load_data(config: ml_collections.ConfigDict, workdir: pathlib.Path, tokenize
               ) -> tuple[list, list, FeatureReport, BadRecordReport, chat_template.SteerSpec]:
   """(train examples, validation examples, the train report, bad records, the
   attributes the training labels carry)."""
-  train_src, val_src = common.helpsteer_sources(config, workdir)
+  train_src, val_src = setup_lib.helpsteer_sources(config, workdir)
   make = functools.partial(sft_features, tokenizer=tokenizer, seq_len=config.train.seq_len,
                            truncation=config.data.truncation, add_bos=config.data.add_bos)
   bad_records = BadRecordReport()
@@ -68,7 +69,7 @@ def load_data(config: ml_collections.ConfigDict, workdir: pathlib.Path, tokenize
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  setup = common.prepare(config, workdir)
+  setup = setup_lib.prepare(config, workdir)
   train_features, eval_features, train_report, bad_records, steer = load_data(
       config, setup.workdir, setup.tokenizer)
   seq_len = config.train.seq_len
@@ -81,15 +82,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   trainer = loop.Trainer(
       config, setup.workdir, setup.rt, parts, loss_fn(config), train_features, eval_features,
       flops_per_token=setup.model_cfg.flops_per_token(seq_len),
-      export_fn=common.hf_exporter(setup, parts, config, steer))
+      export_fn=export.hf_exporter(setup.workdir, setup.tokenizer_dir, setup.tokenizer,
+                                     parts, config, steer))
   result = trainer.run()
   trainer.close()
-  summary = common.training_summary(result, data={
+  summary = summary_lib.training_summary(result, data={
       "train": train_report.as_dict(), "packing_efficiency": fill,
       "bad_records": bad_records.counts})
-  common.write_summary(
+  summary_lib.write_summary(
       setup.workdir / "summary.json", summary,
-      f"{common.result_line(config, result)}; eval {result.eval_metrics}",
+      f"{summary_lib.result_line(config, result)}; eval {result.eval_metrics}",
       f"data: {train_report.summary()}; packing efficiency {100 * fill:.1f}%;"
       f" {bad_records.summary()}")
   return summary

@@ -1,8 +1,8 @@
 """Annotation (SteerLM step 2): label conversations with the attribute model.
 
-The scorer is `common.configured_scorer`'s: the project's attribute model
-(the default, on the mesh), a server's (`scorer.factory=http`,
-`scorer.checkpoint=http://host:port/v1`) or a user's function.
+The scorer is `config.scorer`'s (`scoring.load.load_scorer`): the project's
+attribute model (an attribute_model run or its HF export, on the mesh), a
+server's (`scorer.source=http://host:port/v1`) or a user's function.
 
 Reads SteerLM conversations or HelpSteer-style rows, predicts the nine
 attributes of every assistant turn (the conversation up to that turn in the
@@ -14,10 +14,10 @@ last line is cut off), rescores the chunk it stopped in (so every chunk is
 batched as in an uninterrupted run) and appends the rest, so no row is
 duplicated or lost.
 
-Several processes: every process reads and tokenizes the input, each feeds
-only its devices' rows of every scoring batch (the batch is sharded over the
-mesh; a host-side scorer gets each process's share of it), and process 0
-alone decides where to resume and writes the output.
+Several processes: every process reads the input and calls the scorer with the
+same conversations; each feeds only its devices' rows of every scoring batch
+(the batch is sharded over the mesh; a host-side scorer gets each process's
+share of it), and process 0 alone decides where to resume and writes the output.
 """
 
 from __future__ import annotations
@@ -28,16 +28,18 @@ from typing import Sequence
 import ml_collections
 import numpy as np
 
-from helpsteer_jax import multihost, resume, runtime
+from helpsteer_jax import multihost, resume
 from helpsteer_jax.data.formats import helpsteer
 from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.data.template import label_string
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.eval.rm_metrics import rounded
-from helpsteer_jax.inference.attribute_scorer import MeshScorer, predict
-from helpsteer_jax.tasks import common
-from helpsteer_jax.train import metrics as metrics_lib
+from helpsteer_jax.progress import Progress
+from helpsteer_jax.scoring.load import load_scorer
+from helpsteer_jax.scoring.scorer import Scorer, predict
+from helpsteer_jax.tasks import setup as setup_lib
+from helpsteer_jax.tasks import summary as summary_lib
 
 
 def steerlm_row(conv: Conversation) -> dict:
@@ -78,25 +80,25 @@ def attribute_selection(spec: str) -> list[int]:
   return [ATTRIBUTES.index(n) for n in names]
 
 
-def annotate(convs: Sequence[Conversation], scorer: MeshScorer, out_path: pathlib.Path,
-             chunk_rows: int, slots: Sequence[int], batch_size: int = 512) -> dict:
+def annotate(convs: Sequence[Conversation], scorer: Scorer, out_path: pathlib.Path,
+             chunk_rows: int, slots: Sequence[int]) -> dict:
   """Labels and appends the rows not yet in `out_path`; returns counts.
 
-  Each chunk's turns are scored in calls of `batch_size` (a rerun scores the
-  chunk it stopped in whole, so its batches are those of an uninterrupted run).
+  Each chunk's turns are scored together (a rerun scores the chunk it
+  stopped in whole, so its batches are those of an uninterrupted run).
   """
   start = resume.resume_point(out_path, convs, _same_text, "data.output_path")
   first = resume.batch_start(start, chunk_rows, len(convs))
   todo = _targets(convs[first:])
   counts = {"rows": len(convs), "already_written": start, "written": 0, "turns": len(todo),
             "unscored_turns": 0}
-  progress = metrics_lib.Progress(total=len(todo), initial=0, desc="annotate")
+  progress = Progress(total=len(todo), initial=0, desc="annotate")
   try:
     with resume.RowWriter(out_path) as writer:
       for lo in range(first, len(convs), chunk_rows):
         chunk = convs[lo:lo + chunk_rows]
         targets = _targets(chunk)
-        preds = predict([p for _, _, p in targets], scorer, batch_size, progress.update)
+        preds = predict([p for _, _, p in targets], scorer, progress.update)
         scored = ~np.isnan(preds).any(axis=1)
         counts["unscored_turns"] += int((~scored).sum())
         preds = rounded(np.where(scored[:, None], preds, 0.0))
@@ -115,10 +117,10 @@ def annotate(convs: Sequence[Conversation], scorer: MeshScorer, out_path: pathli
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   slots = attribute_selection(config.attributes)
-  workdir = pathlib.Path(workdir)
-  runtime.check_workdir(workdir)
-  scorer = common.configured_scorer(config, workdir, "annotation")
-  source = config.data.input_path or common.helpsteer_sources(config, workdir)[0]
+  setup = setup_lib.prepare(config, workdir, tokenizer=False, model=False)
+  workdir = setup.workdir
+  scorer = load_scorer(config.scorer, setup.rt)
+  source = config.data.input_path or setup_lib.helpsteer_sources(config, workdir)[0]
   report = BadRecordReport()
   convs = helpsteer.read_records(source, split=config.data.input_split, fmt=config.data.format,
                                  on_bad_record=config.data.on_bad_record, report=report)
@@ -126,11 +128,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     convs = convs[:config.data.max_rows]
   out_path = pathlib.Path(config.data.output_path or workdir / "annotated.jsonl")
   out_path.parent.mkdir(parents=True, exist_ok=True)
-  counts = annotate(convs, scorer, out_path, config.data.chunk_rows, slots,
-                    config.scorer.batch)
+  counts = annotate(convs, scorer, out_path, config.data.chunk_rows, slots)
   counts["bad_records"] = report.total
   multihost.report_split("annotate: sequences scored", scorer.local_rows)
-  common.write_summary(
+  summary_lib.write_summary(
       workdir / "annotate_summary.json", counts,
       f"annotate: {counts['written']} rows written to {out_path}"
       f" ({counts['already_written']} already there, {counts['turns']} turns scored,"

@@ -11,7 +11,6 @@ the model as an HF *ForSequenceClassification directory in `<workdir>/hf`.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import pathlib
 
@@ -19,7 +18,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from helpsteer_jax import reward_runtime, runtime
+from helpsteer_jax import runtime
 from helpsteer_jax.data.batches import BT_BATCH, REGRESSION_BATCH, BatchSchema
 from helpsteer_jax.data.features import rm as rm_data
 from helpsteer_jax.data.formats import preference
@@ -28,12 +27,14 @@ from helpsteer_jax.data.formats.task_source import load_conversations
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.eval import rm_eval, rm_report
-from helpsteer_jax.inference.scoring import RewardModelScorer
 from helpsteer_jax.losses.bt import BT_VARIANTS, bt_loss
 from helpsteer_jax.losses.regression import regression_loss
 from helpsteer_jax.models import reward, reward_hf
-from helpsteer_jax.tasks import common
-from helpsteer_jax.train import abstract_step, loop
+from helpsteer_jax.scoring import reward_model
+from helpsteer_jax.scoring.model import ModelScorer
+from helpsteer_jax.tasks import setup as setup_lib
+from helpsteer_jax.tasks import summary as summary_lib
+from helpsteer_jax.train import abstract_step, export, loop
 from helpsteer_jax.train import state as state_lib
 
 LOSSES = ("regression",) + BT_VARIANTS
@@ -71,13 +72,13 @@ def load_data(config, workdir: pathlib.Path, tokenizer) -> tuple[list, list, lis
   """(train features, eval features, validation records, report) for the loss."""
   data, seq_len = config.data, config.train.seq_len
   if config.loss == "regression":
-    train_src, val_src = common.helpsteer_sources(config, workdir)
+    train_src, val_src = setup_lib.helpsteer_sources(config, workdir)
     read = functools.partial(load_conversations, config=config)
     make = rm_data.regression_features
     train_records = read(train_src, "train")
     val_records = read(val_src, data.validation_split) if val_src else []
   else:
-    train_src, val_src = common.preference_sources(config, workdir)
+    train_src, val_src = setup_lib.preference_sources(config, workdir)
     make = rm_data.bt_features
     train_records = _read_pairs(train_src, "train", config)
     val_records = _read_pairs(val_src, data.validation_split, config) if val_src else []
@@ -95,15 +96,16 @@ def final_evaluation(config, model, rt, tokenizer, val_records) -> tuple[dict, s
   """Scores the validation set: attribute metrics or pairwise accuracy."""
   if not val_records:
     return {}, ""
-  scorer = RewardModelScorer(model, rt, config.score.batch_size, config.score.pad_multiple)
-  tok = rm_data.RegressionTokenizer(tokenizer, config.train.seq_len, config.data.truncation,
-                             config.data.add_bos)
+  # A BT row holds both responses: each had half the row in training.
+  max_len = config.train.seq_len // (1 if config.loss == "regression" else 2)
+  tok = rm_data.RegressionTokenizer(tokenizer, max_len, config.data.truncation,
+                                    config.data.add_bos)
+  scorer = ModelScorer(model, rt, tok, config.eval_batch_size)
   if config.loss == "regression":
-    result = rm_eval.evaluate_attributes(scorer, tok, val_records)
+    result = rm_eval.evaluate_attributes(scorer, val_records)
     return {"attributes": result["metrics"]}, rm_report.attribute_table(result["metrics"])
   weights = [1.0 if a == config.bt_attribute else 0.0 for a in ATTRIBUTES]
-  tok = dataclasses.replace(tok, max_len=config.train.seq_len // 2)
-  result = rm_eval.evaluate_pairs(scorer, tok, val_records, weights)
+  result = rm_eval.evaluate_pairs(scorer, val_records, weights)
   return {"pairs": result}, rm_report.pairs_table("validation pairs", result)
 
 
@@ -133,29 +135,30 @@ def abstract_train_step(config: ml_collections.ConfigDict,
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   check_config(config)
-  reward_runtime.resolve_source(config)
-  setup = common.prepare(config, workdir)
+  reward_model.resolve_source(config)
+  setup = setup_lib.prepare(config, workdir)
   rt, workdir = setup.rt, setup.workdir
   train_features, eval_features, val_records, data_report = load_data(config, workdir,
                                                                       setup.tokenizer)
-  model = reward_runtime.build_reward_model(config, rt)
+  model = reward_model.build_reward_model(config, rt)
   parts = state_lib.split_model(model, rt.mesh, rt.rules)
   del model
   trainer = loop.Trainer(
       config, workdir, rt, parts, loss_fn(config), train_features, eval_features,
       flops_per_token=reward.flops_per_token(setup.model_cfg, config.train.seq_len),
-      export_fn=common.hf_exporter(setup, parts, config, None, "attribute model",
+      export_fn=export.hf_exporter(setup.workdir, setup.tokenizer_dir, setup.tokenizer,
+                                     parts, config, None, "attribute model",
                                    reward_hf.save_reward_hf))
   result = trainer.run()
   trainer.close()
   params = trainer.state.params
   if jax.process_index() == 0:
-    reward_runtime.save_head(workdir / reward_runtime.HEAD_FILE, params["head"])
+    reward_model.save_head(workdir / reward_model.HEAD_FILE, params["head"])
   trained = state_lib.merge_model(parts, params)
   final, table = final_evaluation(config, trained, rt, setup.tokenizer, val_records)
-  summary = common.training_summary(result, loss=config.loss, validation=final,
+  summary = summary_lib.training_summary(result, loss=config.loss, validation=final,
                                     data=data_report)
-  common.write_summary(workdir / "summary.json", summary,
-                       common.result_line(config, result, f"{config.task} ({config.loss})"),
+  summary_lib.write_summary(workdir / "summary.json", summary,
+                       summary_lib.result_line(config, result, f"{config.task} ({config.loss})"),
                        *([table] if table else []))
   return summary

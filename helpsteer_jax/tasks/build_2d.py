@@ -4,16 +4,14 @@ HelpSteer2 -> attribute model -> this task -> 2D-DPO (configs/dpo2d.py with
 data.train_path set to the output and loss.aspects set to the five HelpSteer
 attributes).
 
-The scorer is `common.configured_scorer`'s: the project's attribute model
-(`scorer.factory=attribute_model`, the default: `init.checkpoint` /
-`model.hf_path`, scored on the mesh as in annotation), a server's
-(`scorer.factory=http`) or a user's `package.module:function` (host-side).
+The scorer is `config.scorer`'s (`scoring.load.load_scorer`): the project's
+attribute model (an attribute_model run or its HF export, scored on the mesh
+as in annotation), a server's, or a user's `package.module:function`.
 
-Several processes: every process reads and segments all pairs. The built-in
-model is run by all processes together: each scoring batch is sharded over
-the mesh, so each process's devices score their rows. A host-side scorer is
-called on each process with only its contiguous share of each batch, and the
-predictions are gathered. Process 0 alone writes the output.
+Several processes: every process reads and segments all pairs and calls the
+scorer with the same conversations (the scorer shares the work out: batches
+sharded over the mesh, or a host-side scorer's contiguous shares gathered).
+Process 0 alone writes the output.
 """
 
 from __future__ import annotations
@@ -24,22 +22,23 @@ import jax
 import ml_collections
 from absl import logging
 
-from helpsteer_jax import runtime
 from helpsteer_jax.data.formats import helpsteer_2d
 from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.records import HELPSTEER_ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.inference import segment_scores
-from helpsteer_jax.tasks import common
+from helpsteer_jax.scoring import segments
+from helpsteer_jax.scoring.load import load_scorer
+from helpsteer_jax.tasks import setup as setup_lib
+from helpsteer_jax.tasks import summary as summary_lib
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   workdir = pathlib.Path(workdir)
-  if config.segment_score not in segment_scores.MODES:
+  if config.segment_score not in segments.MODES:
     raise ConfigError(f"segment_score={config.segment_score!r}; choose one of"
-                      f" {segment_scores.MODES}")
-  runtime.check_workdir(workdir)
-  source = config.data.input_path or common.demo_2d_files(workdir, config.data.demo_rows, 0)[0]
+                      f" {segments.MODES}")
+  setup = setup_lib.prepare(config, workdir, tokenizer=False, model=False)
+  source = config.data.input_path or setup_lib.demo_2d_files(workdir, config.data.demo_rows, 0)[0]
   report = BadRecordReport()
   plain = helpsteer_2d.read_plain_pairs(source, config.data.split, config.data.on_bad_record,
                                         report)
@@ -47,10 +46,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     plain = plain[:config.data.max_pairs]
   if not plain:
     raise ConfigError(f"no preference pairs in {source}")
-  scorer = common.configured_scorer(config, workdir, "build_2d")
+  scorer = load_scorer(config.scorer, setup.rt)
   logging.info("scoring the segments of %d pairs (%s)", len(plain), config.segment_score)
-  built = segment_scores.score_pairs(plain, scorer, config.segment_score,
-                                     config.data.score_max, config.scorer.batch)
+  built = segments.score_pairs(plain, scorer, config.segment_score, config.data.score_max)
   out = pathlib.Path(config.data.output_path or workdir / "helpsteer_2d.jsonl")
   summary = {"pairs": len(built), "output": str(out), "mode": config.segment_score,
              "segments": sum(len(p.chosen.segments) + len(p.rejected.segments) for p in built),
@@ -58,6 +56,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if jax.process_index() == 0:
     out.parent.mkdir(parents=True, exist_ok=True)
     helpsteer_2d.write_2d(out, built, HELPSTEER_ATTRIBUTES)
-  common.write_summary(workdir / "build_2d.json", summary,
+  summary_lib.write_summary(workdir / "build_2d.json", summary,
                        f"build_2d: wrote {len(built)} pairs to {out}")
   return summary

@@ -22,7 +22,8 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
-from helpsteer_jax import runtime
+from helpsteer_jax import runtime, saved_params
+from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.data import chat_template
 from helpsteer_jax.data.batches import CACHED_PAIR_BATCH, PAIR_BATCH, BatchSchema
 from helpsteer_jax.data.features import pair_rows
@@ -32,9 +33,9 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.losses import dpo2d
 from helpsteer_jax.losses.pair_logprobs import preference_loss
 from helpsteer_jax.models import builder
-from helpsteer_jax.tasks import common
-from helpsteer_jax.train import abstract_step, loop, reference
-from helpsteer_jax.train import checkpoint as ckpt_lib
+from helpsteer_jax.tasks import setup as setup_lib
+from helpsteer_jax.tasks import summary as summary_lib
+from helpsteer_jax.train import abstract_step, export, loop, reference
 from helpsteer_jax.train import state as state_lib
 
 REFERENCE_MODES = ("cached", "on_the_fly")
@@ -74,7 +75,7 @@ def data_sources(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> tu
   data = config.data
   if data.train_path:
     return data.train_path, data.validation_path
-  return common.demo_2d_files(workdir, data.demo_train_pairs, data.demo_validation_pairs)
+  return setup_lib.demo_2d_files(workdir, data.demo_train_pairs, data.demo_validation_pairs)
 
 
 def load_features(path: str, config, cfg: dpo2d.PreferenceLossConfig, tokenizer) -> list:
@@ -125,25 +126,19 @@ def _restore_policy(parts: state_lib.ModelParts, run: str) -> bool:
   """The starting policy from an AC-SFT run's checkpoint: its parameters, or under
   LoRA its whole model as the frozen base (its adapters, if it trained LoRA: then
   True)."""
-  directory, step = ckpt_lib.find_checkpoint(run)
-  saved, _ = ckpt_lib.param_shapes(directory, step)
+  saved, step = saved_params.param_shapes(run)
   saved_lora = any(any(k.endswith("_lora") for k in path) for path in saved)
   if parts.base and not saved_lora:
-    parts.base = ckpt_lib.restore_params(directory, _abstract(parts.base, parts.base_shardings),
-                                         step)[0]
+    parts.base = saved_params.restore_params(
+        run, sharding_lib.abstract_arrays(parts.base, parts.base_shardings), step)[0]
     return False
   if saved_lora and not parts.base:
     raise ConfigError(f"{run} trained LoRA adapters: set model.lora.adapter=<its adapter"
                       " directory> with model.hf_path=<its base>, or export it merged"
                       " (train.export_merged) and start from that model.hf_path")
-  parts.params = ckpt_lib.restore_params(directory, _abstract(parts.params,
-                                                              parts.param_shardings), step)[0]
+  parts.params = saved_params.restore_params(
+      run, sharding_lib.abstract_arrays(parts.params, parts.param_shardings), step)[0]
   return saved_lora
-
-
-def _abstract(tree: dict, shardings: dict) -> dict:
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree,
-                      shardings)
 
 
 def _with_reference(features, ref):
@@ -195,7 +190,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   train_src, val_src = data_sources(config, pathlib.Path(workdir))
   cfg = loss_config(config, csv=train_src.endswith(".csv"))
   steer = steer_spec(config)
-  setup = common.prepare(config, workdir)
+  setup = setup_lib.prepare(config, workdir)
   rt, workdir = setup.rt, setup.workdir
   train_features = load_features(train_src, config, cfg, setup.tokenizer)
   eval_features = load_features(val_src, config, cfg, setup.tokenizer) if val_src else []
@@ -235,16 +230,17 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
           adapters_off_reference=adapters_off),
       train_features, eval_features,
       flops_per_token=setup.model_cfg.flops_per_token(config.train.seq_len),
-      export_fn=common.hf_exporter(setup, parts, config, steer, "trained policy"),
+      export_fn=export.hf_exporter(setup.workdir, setup.tokenizer_dir, setup.tokenizer,
+                                     parts, config, steer, "trained policy"),
       frozen=frozen)
   result = trainer.run()
   trainer.close()
-  summary = common.training_summary(
+  summary = summary_lib.training_summary(
       result, loss_type=cfg.loss_type,
       pairs={"train": len(train_features), "validation": len(eval_features)})
   accuracy = result.last_metrics.get("reward_accuracy", float("nan"))
-  common.write_summary(
+  summary_lib.write_summary(
       workdir / "summary.json", summary,
-      f"{common.result_line(config, result, loss=f'{cfg.loss_type} loss')}; reward accuracy"
+      f"{summary_lib.result_line(config, result, loss=f'{cfg.loss_type} loss')}; reward accuracy"
       f" {accuracy:.3f}; eval {result.eval_metrics}")
   return summary

@@ -24,8 +24,11 @@ from helpsteer_jax.errors import ConfigError, HelpsteerError
 from helpsteer_jax.eval import mt_bench_data, mt_bench_judging, mt_bench_report
 from helpsteer_jax.eval.judge_client import JudgmentCache, OpenAIJudge
 from helpsteer_jax.eval.mt_bench_answers import answer_all
-from helpsteer_jax.inference import best_of_n, loading, steering
-from helpsteer_jax.tasks import common
+from helpsteer_jax.inference import loading, steering
+from helpsteer_jax.scoring import remote, rewards
+from helpsteer_jax.scoring.load import load_scorer
+from helpsteer_jax.tasks import setup as setup_lib
+from helpsteer_jax.tasks import summary as summary_lib
 from helpsteer_jax.tasks.generate import build_generator, sampling_config
 
 JUDGES = ("openai", "attribute_model", "none")
@@ -76,15 +79,15 @@ def _check_judge(config: ml_collections.ConfigDict) -> None:
   if kind == "openai":
     multihost.on_primary(lambda: _openai_judge(config).check())
   elif kind == "attribute_model":
-    source = config.judge.scorer
+    source = config.scorer.source
     if not source:
-      raise ConfigError("judge.kind=attribute_model needs --config.judge.scorer=<attribute_model"
+      raise ConfigError("judge.kind=attribute_model needs --config.scorer.source=<attribute_model"
                         " workdir, its HF export, or a serve URL http://host:port/v1>")
     def check_path() -> None:  # decided on process 0: every process stops or none
-      if not source.startswith(("http://", "https://")) and not pathlib.Path(source).exists():
-        raise ConfigError(f"judge.scorer={source}: no such directory")
+      if not remote.is_url(source) and not pathlib.Path(source).exists():
+        raise ConfigError(f"scorer.source={source}: no such directory")
     multihost.on_primary(check_path)
-    best_of_n.weight_vector(config.judge.weights.to_dict())
+    rewards.weight_vector(config.scorer.weights.to_dict())
 
 
 def _write_jsonl(path: pathlib.Path, rows: list[dict]) -> None:
@@ -116,12 +119,10 @@ def _judge(config, questions, prompts, answers, setup, workdir, model_id):
 
     info = multihost.on_primary(grade)
     return graded.get("rows"), info
-  scorer = common.attribute_scorer_at(config.judge.scorer, setup.rt,
-                                      int(config.judge.batch_size), key="judge.scorer")
+  scorer = load_scorer(config.scorer, setup.rt)
   outcome = mt_bench_judging.attribute_judgments(
-      questions, answers, scorer, best_of_n.weight_vector(config.judge.weights.to_dict()),
-      config.system, model_id, f"attribute_model:{config.judge.scorer}",
-      int(config.judge.batch_size))
+      questions, answers, scorer, rewards.weight_vector(config.scorer.weights.to_dict()),
+      config.system, model_id, f"attribute_model:{config.scorer.source}")
   if jax.process_index() == 0:
     _write_jsonl(workdir / "judgments.jsonl", outcome.rows)
   return outcome.rows, {"failed": 0, "asked": 0}
@@ -137,7 +138,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   _check_judge(config)
   model_id = config.model_id or workdir.resolve().name
 
-  setup = common.prepare(config, workdir, tokenizer=False, model=False)
+  setup = setup_lib.prepare(config, workdir, tokenizer=False, model=False)
   generator = build_generator(config, setup.rt, workdir, min_batch=config.batch_size)
   answers_path = workdir / "answers.jsonl"
   done = answer_all(generator, questions, attributes, config.system, answers_path,
@@ -152,7 +153,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   summary = {"model_id": model_id, "questions": len(questions), "already_answered": done,
              "attributes": attributes, "judge": config.judge.kind}
   if config.judge.kind == "none":
-    common.write_summary(workdir / "mt_bench.json", summary,
+    summary_lib.write_summary(workdir / "mt_bench.json", summary,
                          f"evaluate_generation: answered {len(questions)} questions"
                          f" -> {answers_path}")
     return summary
@@ -165,7 +166,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     (workdir / "mt_bench.md").write_text(md, encoding="utf-8")
     mt_bench_report.plot(table, workdir / "mt_bench.png", f"MT-Bench, {model_id}", score_name)
     summary.update(table=table, judge_requests=info["asked"])
-    common.write_summary(workdir / "mt_bench.json", summary,
+    summary_lib.write_summary(workdir / "mt_bench.json", summary,
                          mt_bench_report.show_result(table, model_id), md)
   if info["failed"]:
     raise JudgingIncomplete(f"{info['failed']} judge requests failed after"

@@ -13,20 +13,21 @@ import pathlib
 
 import ml_collections
 
-from helpsteer_jax import reward_runtime
 from helpsteer_jax.models import reward_hf
-from helpsteer_jax.tasks import common
+from helpsteer_jax.scoring import reward_model
+from helpsteer_jax.tasks import setup as setup_lib
+from helpsteer_jax.tasks import summary as summary_lib
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  reward_runtime.require_trained(config, "export_rm")
-  setup = common.prepare(config, workdir)
-  model = reward_runtime.build_reward_model(config, setup.rt)
+  reward_model.require_trained(config, "export_rm")
+  setup = setup_lib.prepare(config, workdir)
+  model = reward_model.build_reward_model(config, setup.rt)
   out = pathlib.Path(config.output or setup.workdir / "hf")
   files = reward_hf.save_reward_hf(model, out, dtype=config.dtype,
                                    tokenizer=setup.tokenizer_dir)
   summary = {"output": str(out), "files": files, "dtype": config.dtype}
-  common.write_summary(setup.workdir / "export_rm.json", summary,
+  summary_lib.write_summary(setup.workdir / "export_rm.json", summary,
                        f"export_rm: wrote {out} ({len(files)} safetensors file(s),"
                        f" {config.dtype})")
   return summary

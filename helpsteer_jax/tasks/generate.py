@@ -25,17 +25,19 @@ import jax
 import ml_collections
 from absl import logging
 
-from helpsteer_jax import multihost, resume, reward_runtime, runtime
+from helpsteer_jax import multihost, resume, runtime
 from helpsteer_jax.data.demo import rows as demo_rows
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import best_of_n as best_of_n_lib
 from helpsteer_jax.inference import chat as chat_lib
 from helpsteer_jax.inference import loading, steering
-from helpsteer_jax.inference.attribute_scorer import load_scorer
 from helpsteer_jax.inference.decode import Sampler
 from helpsteer_jax.inference.generator import Generator
 from helpsteer_jax.inference.sampling import SamplingConfig
-from helpsteer_jax.tasks import common
+from helpsteer_jax.scoring import rewards
+from helpsteer_jax.scoring.load import load_scorer
+from helpsteer_jax.scoring.scorer import Scorer
+from helpsteer_jax.tasks import setup as setup_lib
 
 MODES = ("file", "chat")
 
@@ -83,17 +85,9 @@ def _answer_batch(generator: Generator, batch: list, config: ml_collections.Conf
                          finish_reason=c.finish_reason) for req, c in zip(batch, completions)]
 
 
-def best_of_n_scorer(config: ml_collections.ConfigDict, rt: runtime.Runtime):
-  """The best-of-n scorer (None for n = 1): the project's attribute model on the mesh
-  (`attribute_model`: `scorer_path` an HF sequence-classification directory or an
-  attribute-model workdir) or `attribute_scorer.load_scorer`'s."""
-  bon = config.best_of_n
-  if bon.n <= 1:
-    return None
-  if bon.scorer == reward_runtime.ATTRIBUTE_MODEL:
-    return reward_runtime.text_scorer(bon.scorer_path, rt, batch_size=config.batch_size,
-                                      key="best_of_n.scorer_path")
-  return load_scorer(bon.scorer, bon.scorer_path, key="best_of_n.scorer")
+def best_of_n_scorer(config: ml_collections.ConfigDict, rt: runtime.Runtime) -> Scorer | None:
+  """The best-of-n scorer, `config.scorer`'s (None for n = 1)."""
+  return load_scorer(config.scorer, rt) if config.best_of_n.n > 1 else None
 
 
 def answer_all(generator: Generator, requests: list, config: ml_collections.ConfigDict,
@@ -102,12 +96,12 @@ def answer_all(generator: Generator, requests: list, config: ml_collections.Conf
 
   A batch's seed is `config.seed` + its first row, so a resumed run (which
   redoes the batch it stopped in) samples what an uninterrupted run would.
-  `scorer` is `best_of_n_scorer`'s (host-side scorers are loaded here if None).
+  `scorer` is `best_of_n_scorer`'s (needed for n > 1).
   """
   bon = config.best_of_n
   if scorer is None and bon.n > 1:
-    scorer = load_scorer(bon.scorer, bon.scorer_path, key="best_of_n.scorer")
-  weights = best_of_n_lib.weight_vector(bon.weights.to_dict())
+    raise ValueError("best-of-n needs a scorer: best_of_n_scorer(config, rt)")
+  weights = rewards.weight_vector(config.scorer.weights.to_dict())
   per_batch = max(1, config.batch_size // bon.n)  # n rows per prompt in one batch
   return resume.append_batches(
       out_path, requests, steering.Request.matches, "--config.output", per_batch,
@@ -127,7 +121,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                       " --config.sampling.temperature to a value > 0")
   attributes = steering.run_attributes(config, loading.steer_spec(config))
   requests = read_input(config, attributes) if config.mode == "file" else []
-  setup = common.prepare(config, workdir, tokenizer=False, model=False)
+  setup = setup_lib.prepare(config, workdir, tokenizer=False, model=False)
   generator = build_generator(config, setup.rt, workdir)
 
   if config.mode == "chat":

@@ -16,11 +16,12 @@ from flax import nnx
 from helpsteer_jax import runtime
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.models import builder
-from helpsteer_jax.tasks import common
+from helpsteer_jax.tasks import setup as setup_lib
+from helpsteer_jax.tasks import summary as summary_lib
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  setup = common.prepare(config, workdir, model=False)
+  setup = setup_lib.prepare(config, workdir, model=False)
   rt, tok = setup.rt, setup.tokenizer
   sharding_lib.check_batch(config.batch_size, rt.mesh, rt.rules)
   model = runtime.build_model(config, rt)
@@ -51,7 +52,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       "top_next_tokens": [tok.decode([int(t)]) for t in top],
       "params": params,
   }
-  common.write_summary(
+  summary_lib.write_summary(
       setup.workdir / "model_smoke.json", summary,
       f"parameters: {summary['num_params']:,}  mesh: {summary['mesh']}",
       *(f"  {name:40s} {desc}" for name, desc in list(params.items())[:8]),

@@ -19,7 +19,7 @@ import ml_collections
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.serve import app as app_lib
 from helpsteer_jax.serve import backend
-from helpsteer_jax.tasks import common
+from helpsteer_jax.tasks import setup as setup_lib
 
 API_KEY_ENV = "HELPSTEER_API_KEY"
 
@@ -52,12 +52,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   import uvicorn
   api = settings(config)  # bad settings fail before loading the model
   compiles = backend.CompileCounter()
-  setup = common.prepare(config, workdir, tokenizer=False, model=False)
+  setup = setup_lib.prepare(config, workdir, tokenizer=False, model=False)
   policy = backend.load_policy(config, setup.rt, setup.workdir)
-  attribute_model = backend.load_attribute_model(config, setup.rt, setup.workdir)
+  attribute_model = backend.load_attribute_model(config, setup.rt)
   start = time.perf_counter()
   if config.serve.warmup:
     policy.engine.warm_up()
+    if attribute_model is not None and hasattr(attribute_model.scorer, "warm_up"):
+      attribute_model.scorer.warm_up()  # every length bucket: no compile while serving
   policy.engine.start()
   app = app_lib.create_app(policy, api, attribute_model, compiles)
   print(f"serve: {api.model_name} warmed up in {time.perf_counter() - start:.1f}s"

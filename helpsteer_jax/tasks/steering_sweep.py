@@ -25,11 +25,12 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.eval import mt_bench_data, sweep_report
 from helpsteer_jax.eval import steering_sweep as sweep_lib
 from helpsteer_jax.inference import loading, steering
-from helpsteer_jax.inference.attribute_scorer import MeshScorer, as_mesh_scorer, load_scorer
-from helpsteer_jax.tasks import common, generate
+from helpsteer_jax.scoring.load import load_scorer
+from helpsteer_jax.scoring.scorer import Scorer
+from helpsteer_jax.tasks import generate
+from helpsteer_jax.tasks import setup as setup_lib
 
 GENERATIONS_FILE = "sweep_generations.jsonl"
-DEMO_RULES = "demo_rules"
 
 
 def read_prompts(config: ml_collections.ConfigDict, defaults: dict[str, int]
@@ -54,14 +55,9 @@ def read_prompts(config: ml_collections.ConfigDict, defaults: dict[str, int]
   return prompts[:config.prompt_limit or None], source
 
 
-def sweep_scorer(config: ml_collections.ConfigDict, rt: runtime.Runtime) -> MeshScorer | None:
-  """`config.scorer`: none (""), the demo data's rules (`demo_rules`), a serve URL, or an
-  attribute-model workdir or HF reward directory."""
-  if not config.scorer:
-    return None
-  if config.scorer == DEMO_RULES:
-    return as_mesh_scorer(load_scorer(DEMO_RULES))
-  return common.attribute_scorer_at(config.scorer, rt, config.batch_size, "scorer")
+def sweep_scorer(config: ml_collections.ConfigDict, rt: runtime.Runtime) -> Scorer | None:
+  """`config.scorer`'s (None when `scorer.source` is empty: no predictions)."""
+  return load_scorer(config.scorer, rt) if config.scorer.source else None
 
 
 def read_rows(path: pathlib.Path) -> list[dict]:
@@ -81,7 +77,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   requests = sweep_lib.sweep_requests(prompts, grid)
   sampling = generate.sampling_config(config)
 
-  setup = common.prepare(config, workdir, tokenizer=False, model=False)
+  setup = setup_lib.prepare(config, workdir, tokenizer=False, model=False)
   scorer = sweep_scorer(config, setup.rt)
   generator = generate.build_generator(config, setup.rt, workdir)
   out_path = workdir / GENERATIONS_FILE
@@ -101,7 +97,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       "model": config.model.hf_path or config.checkpoint or config.model.preset,
       "prompt_source": source, "prompts": len(prompts), "defaults": defaults,
       "sampling": config.sampling.to_dict(), "max_new_tokens": config.max_new_tokens,
-      "scorer": config.scorer or None,
+      "scorer": config.scorer.source or None,
       **sweep_lib.summarize(read_rows(out_path), grid)}
   paths = sweep_report.write(summary, workdir, f"Steering sweep: {summary['model']}")
   print(f"steering_sweep: {len(grid)} settings x {len(prompts)} prompts"

@@ -21,6 +21,7 @@ import jax
 import ml_collections
 from flax import nnx
 
+from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.models import builder
 from helpsteer_jax.runtime import Runtime
 from helpsteer_jax.train import loop, optim
@@ -73,18 +74,12 @@ def trainer_step_spec(config: ml_collections.ConfigDict, rt: Runtime,
                                    sharding=batch_sharding)
            for k, (shape, dtype) in fields.items()}
   train_step = loop.make_train_step(parts, loss_fn, tx, schedule, rt.rules, accum)
-  args: tuple = (state, batch, _abstract(parts.base, parts.base_shardings))
+  args: tuple = (state, batch, sharding_lib.abstract_arrays(parts.base, parts.base_shardings))
   frozen_shardings: tuple = (parts.base_shardings,)
   if frozen_params:
     frozen_shardings += (parts.param_shardings,)
-    args += (_abstract(parts.params, parts.param_shardings),)
+    args += (sharding_lib.abstract_arrays(parts.params, parts.param_shardings),)
   step = loop.jit_train_step(train_step, rt, shardings, batch_sharding, frozen_shardings)
   tokens = tc.global_batch * (tokens_per_row or tc.seq_len)
   num_params = builder.count_params(nnx.state(module, nnx.Param))
   return StepSpec(step, args, rt, tokens, flops_per_token * tokens, num_params)
-
-
-def _abstract(tree: dict, shardings: dict) -> dict:
-  """ShapeDtypeStructs of `tree`'s arrays on `shardings`."""
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree,
-                      shardings)

@@ -34,6 +34,7 @@ from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.data import pipeline
 from helpsteer_jax.errors import ConfigError, TrainingError
 from helpsteer_jax.models import lora
+from helpsteer_jax.progress import Progress
 from helpsteer_jax.runtime import Runtime
 from helpsteer_jax.train import base_fingerprint, optim
 from helpsteer_jax.train import checkpoint as ckpt_lib
@@ -199,7 +200,7 @@ class Trainer:
                                                     self.config.seed)
     resuming = self.checkpointer.latest_step() is not None
     base_fingerprint.check_or_record(self.checkpointer.directory, self.parts.base, resuming)
-    restored = self.checkpointer.restore_latest(state_lib.abstract_like(state, shardings),
+    restored = self.checkpointer.restore_latest(sharding_lib.abstract_arrays(state, shardings),
                                                 self.train_iter)
     if restored is not None:
       state = restored
@@ -262,7 +263,7 @@ class Trainer:
     start = int(jax.device_get(self.state.step))
     end = min(tc.num_steps, stop_at) if stop_at is not None else tc.num_steps
     writer = metrics_lib.MetricsWriter(self.workdir)
-    progress = metrics_lib.Progress(total=tc.num_steps, initial=start, desc=self.config.task)
+    progress = Progress(total=tc.num_steps, initial=start, desc=self.config.task)
     preemption = preemption_lib.PreemptionSignal().install()
     peak = (metrics_lib.peak_flops_per_device(tc.peak_flops, tc.cpu_peak_gflops * 1e9)
             * jax.device_count())

@@ -81,25 +81,3 @@ def last_logged(workdir: str | pathlib.Path, step: int) -> dict[str, float]:
       if record.get("step") == step and "loss" in record:
         last = {k: v for k, v in record.items() if k not in ("step", "time")}
   return last
-
-
-class Progress:
-  """A tqdm bar on process 0 (loss, tokens/s and ETA)."""
-
-  def __init__(self, total: int, initial: int, desc: str, enabled: bool | None = None):
-    self.enabled = jax.process_index() == 0 if enabled is None else enabled
-    self._bar = None
-    if self.enabled:
-      from tqdm.auto import tqdm
-      self._bar = tqdm(total=total, initial=initial, desc=desc, unit="step",
-                       dynamic_ncols=True, mininterval=1.0)
-
-  def update(self, n: int = 1, **postfix: Any) -> None:
-    if self._bar is not None:
-      self._bar.update(n)
-      if postfix:
-        self._bar.set_postfix(postfix, refresh=False)
-
-  def close(self) -> None:
-    if self._bar is not None:
-      self._bar.close()

@@ -112,12 +112,6 @@ def create_train_state(tx: optax.GradientTransformation, parts: ModelParts, mesh
   return state, shardings
 
 
-def abstract_like(state: TrainState, shardings: TrainState) -> TrainState:
-  """ShapeDtypeStructs carrying shardings: the restore target for Orbax."""
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                      state, shardings)
-
-
 def abstract_train_state(tx: optax.GradientTransformation, parts: ModelParts,
                          mesh: Mesh) -> tuple[TrainState, TrainState]:
   """Shapes, dtypes and shardings of a fresh state, without allocating it.
@@ -129,4 +123,4 @@ def abstract_train_state(tx: optax.GradientTransformation, parts: ModelParts,
   shapes = jax.eval_shape(lambda p: TrainState(
       step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p),
       rng=jax.random.key_data(jax.random.key(0))), parts.params)
-  return abstract_like(shapes, shardings), shardings
+  return sharding_lib.abstract_arrays(shapes, shardings), shardings

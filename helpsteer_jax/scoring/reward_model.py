@@ -1,4 +1,4 @@
-"""Building the reward model for the attribute-model, evaluation, annotation and build_2d tasks.
+"""The attribute model (a `RewardModel`): built from where its weights are, and its head file.
 
 A whole trained model comes from an HF *ForSequenceClassification directory
 (the attribute model's HF export, as `init.checkpoint` or `model.hf_path`;
@@ -7,15 +7,15 @@ checkpoint (`init.checkpoint`: a workdir or its `checkpoints` directory; only
 the parameters are read). Otherwise the backbone comes from `model.hf_path`
 (an HF causal LM, e.g. an AC-SFT export), another task's Orbax checkpoint,
 or a random initialisation, and the head from a head file written by a
-previous run (`init.head=/path/head.npz`) or zeros. `load_reward_model` is
-the same loader for code outside the tasks (a server).
+previous run (`init.head=/path/head.npz`) or zeros. `build_reward_model`
+serves the tasks that train, evaluate or export it; `load_reward_model` the
+scorers (`load.load_scorer`), from a path alone.
 """
 
 from __future__ import annotations
 
 import os
 import pathlib
-from typing import Sequence
 
 import jax
 import ml_collections
@@ -23,17 +23,12 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from helpsteer_jax import runtime
-from helpsteer_jax.data.features import rm as rm_data
-from helpsteer_jax.data.records import ATTRIBUTES, Conversation
+from helpsteer_jax import config_base, runtime, saved_params
+from helpsteer_jax import sharding as sharding_lib
+from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.eval import rm_eval
-from helpsteer_jax.inference.scoring import RewardModelScorer
 from helpsteer_jax.models import builder, families, reward_hf
 from helpsteer_jax.models.reward import RewardModel, reward_model
-from helpsteer_jax.train import checkpoint as ckpt_lib
-
-HEAD_FILE = "head.npz"
 
 
 def init_config(**overrides) -> ml_collections.ConfigDict:
@@ -41,6 +36,9 @@ def init_config(**overrides) -> ml_collections.ConfigDict:
   cfg = ml_collections.ConfigDict(dict(checkpoint="", head="auto"))
   cfg.update(overrides)
   return cfg
+
+
+HEAD_FILE = "head.npz"
 
 
 def save_head(path: str | os.PathLike, head_params: dict) -> None:
@@ -101,8 +99,8 @@ def hf_reward_dir(config: ml_collections.ConfigDict) -> str:
 
 def _saved_reward_params(config) -> tuple[pathlib.Path, int, dict, bool]:
   """(directory, step, saved params metadata, whether it is a reward model)."""
-  directory, step = ckpt_lib.find_checkpoint(config.init.checkpoint)
-  saved = ckpt_lib.params_metadata(directory, step)
+  directory, step = saved_params.resolve(config.init.checkpoint)
+  saved = saved_params.params_metadata(directory, step)
   return directory, step, saved, "backbone" in saved and "head" in saved
 
 
@@ -110,8 +108,7 @@ def _restore_from_checkpoint(config, abstract: dict, shardings: dict,
                              source: tuple[pathlib.Path, int, dict, bool]) -> dict:
   """Params from an Orbax checkpoint; the head only if asked for and present."""
   directory, step, saved, is_reward_model = source
-  target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        abstract, shardings)
+  target = sharding_lib.abstract_arrays(abstract, shardings)
   want = {"backbone": target["backbone"]}
   if is_reward_model and config.init.head == "auto":
     want["head"] = target["head"]
@@ -119,9 +116,9 @@ def _restore_from_checkpoint(config, abstract: dict, shardings: dict,
   _check_shapes(saved_backbone, target["backbone"], directory)
   try:
     if is_reward_model:
-      restored = ckpt_lib.restore_params(directory, want, step)[0]
+      restored = saved_params.restore_params(directory, want, step)[0]
     else:
-      restored = {"backbone": ckpt_lib.restore_params(directory, want["backbone"], step)[0]}
+      restored = {"backbone": saved_params.restore_params(directory, want["backbone"], step)[0]}
   except (ValueError, KeyError) as e:
     raise ConfigError(f"cannot initialise from {directory}/{step}: {e}") from None
   logging.info("initialised the %s from %s step %d",
@@ -209,21 +206,28 @@ def build_reward_model(config: ml_collections.ConfigDict, rt: runtime.Runtime) -
 
 
 def load_reward_model(source: str, rt: runtime.Runtime,
-                      model: ml_collections.ConfigDict | None = None) -> RewardModel:
-  """The trained reward model from `source` on `rt`'s mesh: an HF *ForSequenceClassification
-  directory, or an attribute-model workdir / Orbax checkpoint.
+                      model: ml_collections.ConfigDict | None = None,
+                      head: str = "") -> RewardModel:
+  """The trained attribute model from `source` on `rt`'s mesh: an HF
+  *ForSequenceClassification directory, an attribute-model workdir / Orbax checkpoint,
+  or (with `head`, a head file) an HF causal-LM directory as the backbone.
 
   An Orbax checkpoint's shapes are read from it; `model` (a
   `config_base.model_section`, default the tiny preset) gives the family,
   the rest of the config and the numerics.
   """
-  from helpsteer_jax import config_base
   config = ml_collections.ConfigDict(dict(
       model=model.copy_and_resolve_references() if model is not None
       else config_base.model_section("tiny"), init=init_config(checkpoint=source), seed=0))
+  if head:
+    if reward_hf.is_reward_dir(source):
+      raise ConfigError(f"{source} holds a trained head (HF sequence classification): leave"
+                        f" the head file {head} out")
+    config.model.hf_path, config.init.checkpoint, config.init.head = source, "", head
+    return build_reward_model(config, rt)
   if not reward_hf.is_reward_dir(source):
-    directory, step = ckpt_lib.find_checkpoint(source)
-    shapes, _ = ckpt_lib.param_shapes(directory, step)
+    shapes, step = saved_params.param_shapes(source)
+    directory = saved_params.checkpoint_dir(source)
     if not any(path[0] == "head" for path in shapes):
       raise ConfigError(f"{directory} step {step} is not an attribute-model checkpoint (no"
                         " reward head); give an attribute_model workdir or its HF export")
@@ -233,79 +237,6 @@ def load_reward_model(source: str, rt: runtime.Runtime,
       if name in config.model and name != "tie_word_embeddings" and config.model[name] is None:
         config.model[name] = value
   return build_reward_model(config, rt)
-
-
-def build_scorer(config: ml_collections.ConfigDict, rt: runtime.Runtime,
-                 tokenizer) -> tuple[RewardModelScorer, rm_data.RegressionTokenizer]:
-  """The batched scorer over the mesh and the regression tokenizer (`config.score`)."""
-  scorer = RewardModelScorer(build_reward_model(config, rt), rt, config.score.batch_size,
-                             config.score.pad_multiple)
-  return scorer, rm_data.RegressionTokenizer(tokenizer, config.score.max_len,
-                                             config.data.truncation, config.data.add_bos)
-
-
-class AttributeModelScorer:
-  """The attribute model on the mesh as an `attribute_scorer.MeshScorer` (annotate,
-  build_2d). A conversation that does not fit `score.max_len` (after truncation)
-  gets NaN predictions."""
-
-  def __init__(self, scorer: RewardModelScorer, tok: rm_data.RegressionTokenizer):
-    self.scorer, self.tok = scorer, tok
-
-  @property
-  def local_rows(self) -> int:
-    return self.scorer.local_rows
-
-  def score_conversations(self, convs: Sequence[Conversation]) -> np.ndarray:
-    preds, kept = rm_eval.score_conversations(self.scorer, self.tok, convs)
-    out = np.full((len(convs), len(ATTRIBUTES)), np.nan, np.float32)
-    out[kept] = preds
-    return out
-
-
-class TextScorer:
-  """The reward model as a collective `attribute_scorer.AttributeScorer`: regression-format
-  texts -> [n, 9]; every process calls it with all texts (batches shard over the mesh).
-
-  Texts are tokenized whole as the featurizers do (`tokenize.tokenize_pieces`:
-  BOS, then the text without special tokens); a text longer than `max_len`
-  keeps BOS and its last tokens (the response end and the readout).
-  """
-
-  collective = True
-
-  def __init__(self, scorer: RewardModelScorer, tokenizer, max_len: int, add_bos: bool = True):
-    self.scorer, self.tokenizer, self.max_len = scorer, tokenizer, max_len
-    bos = getattr(tokenizer, "bos_token_id", None)
-    self.prefix = [bos] if add_bos and bos is not None else []
-
-  def ids(self, text: str) -> np.ndarray:
-    ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-    keep = self.max_len - len(self.prefix)
-    return np.asarray(self.prefix + ids[-keep:], np.int32)
-
-  def __call__(self, texts) -> np.ndarray:
-    return self.scorer.score([self.ids(t) for t in texts])
-
-
-def text_scorer(source: str, rt: runtime.Runtime, model: ml_collections.ConfigDict | None = None,
-                batch_size: int = 8, max_len: int = 4096, key: str = "scorer_path") -> TextScorer:
-  """`load_reward_model(source)` behind a `TextScorer`, with its own tokenizer: the HF
-  directory's, else the attribute-model workdir's `hf/` or `demo_tokenizer/`."""
-  from helpsteer_jax.models import hf
-  if not source:
-    raise ConfigError(f"{key} is empty: give an attribute_model workdir or its HF export"
-                      " directory")
-  path = pathlib.Path(source).expanduser()
-  candidates = [path] if reward_hf.is_reward_dir(path) else [path / "hf", path / "demo_tokenizer"]
-  tok_dir = next((c for c in candidates
-                  if any((c / n).is_file() for n in hf.TOKENIZER_FILES)), None)
-  if tok_dir is None:
-    raise ConfigError(f"{key}={source}: no tokenizer files in {' or '.join(map(str, candidates))}")
-  model_ = load_reward_model(source, rt, model)
-  tokenizer = hf.load_tokenizer(tok_dir)
-  runtime.check_tokenizer_fits(tokenizer, model_.cfg.vocab_size)
-  return TextScorer(RewardModelScorer(model_, rt, batch_size), tokenizer, max_len)
 
 
 def require_trained(config: ml_collections.ConfigDict, what: str) -> None:
@@ -318,48 +249,3 @@ def require_trained(config: ml_collections.ConfigDict, what: str) -> None:
                       " --config.init.checkpoint=<attribute_model workdir or its HF export"
                       " directory> (or --config.model.hf_path=<backbone> with"
                       " --config.init.head=<head.npz>)")
-
-
-ATTRIBUTE_MODEL = "attribute_model"  # a scorer name: the project's attribute model
-
-
-def scorer_section(**overrides) -> ml_collections.ConfigDict:
-  """`config.scorer` of annotate and build_2d (see `tasks.common.configured_scorer`)."""
-  return ml_collections.ConfigDict(dict(
-      factory=ATTRIBUTE_MODEL,  # or "http", "demo_rules", "package.module:function"
-      checkpoint="",          # http: the server's base URL (http://host:8000/v1); a user's
-                              # factory gets the whole config.scorer
-      batch=512) | overrides)  # conversations per scorer call
-
-
-def score_config(**overrides) -> ml_collections.ConfigDict:
-  """The `config.score` section: batched scoring for evaluation and annotation."""
-  cfg = ml_collections.ConfigDict(dict(batch_size=16, pad_multiple=64, max_len=4096))
-  cfg.update(overrides)
-  return cfg
-
-
-# The demo attribute model's shape (configs/attribute_model.py's default run).
-DEMO_SHAPE = dict(hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
-                  num_kv_heads=2)
-SCORING_PRESETS = ("demo", "llama3_70b", "llama3_1_70b", "llama2_13b")
-
-
-def scoring_preset(config: ml_collections.ConfigDict, preset: str) -> ml_collections.ConfigDict:
-  """Model, mesh and scoring settings of the evaluate_rm / annotate (/ export_rm) presets.
-
-  The demo uses the attribute-model demo's shape (so the demo workdir loads).
-  """
-  from helpsteer_jax import config_base
-  if preset in ("", "demo"):
-    config.model = config_base.model_section("tiny", **DEMO_SHAPE)
-    if "score" in config:
-      config.score.max_len = 256
-    return config
-  if preset in SCORING_PRESETS:
-    config.model = config_base.model_section(preset, dtype="bfloat16", param_dtype="float32")
-    config.mesh = config_base.mesh_config(data=1, fsdp=-1, tensor=1)
-    if "score" in config:
-      config.score.batch_size = 8
-    return config
-  raise config_base.unknown_preset(config.task, preset, SCORING_PRESETS)

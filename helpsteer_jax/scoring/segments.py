@@ -2,7 +2,7 @@
 
 Both responses of a pair are cut into sentence segments, and every segment
 is scored on the five HelpSteer attributes by an attribute scorer
-(`attribute_scorer`: a host-side `AttributeScorer` or a `MeshScorer`). Two
+(`scorer.Scorer`). Two
 ways to turn whole-response scores into per-segment scores (`mode`):
 
 - "in_context" (default): segment k's score is the model's score of the
@@ -14,12 +14,9 @@ ways to turn whole-response scores into per-segment scores (`mode`):
 
 Scores are clipped to [0, score_max]. The README explains the default.
 
-Several processes: every process reads and segments all pairs. The built-in
-attribute model (a `MeshScorer`) is called on every process with the same
-texts and shards each batch over the mesh; a host-side scorer (a user's, or
-`http`) gets only this process's contiguous share of each batch, and the
-predictions are gathered, so every process ends with all scores (process 0
-writes them).
+Several processes: every process reads and segments all pairs and calls the
+scorer with the same conversations (the scorer shares the work out), so every
+process ends with all scores; process 0 writes them.
 """
 
 from __future__ import annotations
@@ -35,9 +32,9 @@ from helpsteer_jax.data.formats.helpsteer_2d import PlainPair, ScoredPair, Score
 from helpsteer_jax.data.records import ATTRIBUTES, HELPSTEER_ATTRIBUTES, Conversation
 from helpsteer_jax.data.template import regression_text
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.inference import attribute_scorer
-from helpsteer_jax.inference.attribute_scorer import AttributeScorer, MeshScorer, as_mesh_scorer
-from helpsteer_jax.train import metrics as metrics_lib
+from helpsteer_jax.progress import Progress
+from helpsteer_jax.scoring.scorer import Scorer
+from helpsteer_jax.scoring.scorer import predict as predict_chunks
 
 MODES = ("in_context", "prefix_difference")
 _HELPSTEER = [ATTRIBUTES.index(a) for a in HELPSTEER_ATTRIBUTES]
@@ -55,14 +52,12 @@ def prefix_texts(prompt: str, response: str, spans: Sequence[tuple[int, int]]) -
   return [regression_text(c) for c in prefix_conversations(prompt, response, spans)]
 
 
-def predict(convs: Sequence[Conversation], scorer: AttributeScorer | MeshScorer,
-            batch_size: int) -> np.ndarray:
-  """[n, 9] predictions for the last response of every conversation, on every process
-  (`attribute_scorer.predict` through `as_mesh_scorer`), with a progress bar."""
-  scorer = as_mesh_scorer(scorer)
-  progress = metrics_lib.Progress(total=len(convs), initial=0, desc="build_2d")
+def predict(convs: Sequence[Conversation], scorer: Scorer, chunk: int = 512) -> np.ndarray:
+  """[n, 9] predictions for the last response of every conversation, on every process, in
+  scorer calls of `chunk` conversations, with a progress bar."""
+  progress = Progress(total=len(convs), initial=0, desc="build_2d", unit="text")
   try:
-    preds = attribute_scorer.predict(convs, scorer, batch_size, progress.update)
+    preds = predict_chunks(convs, scorer, progress.update, chunk)
   finally:
     progress.close()
   multihost.report_split("build_2d: texts scored", scorer.local_rows)
@@ -78,10 +73,9 @@ def _segment_scores(prefix_scores: np.ndarray, mode: str, score_max: float) -> n
   return np.clip(out, 0.0, score_max).astype(np.float32)
 
 
-def score_pairs(pairs: Sequence[PlainPair], scorer: AttributeScorer | MeshScorer,
-                mode: str = "in_context", score_max: float = 4.0,
-                batch_size: int = 64) -> list[ScoredPair]:
-  """Segments and scores every response; scorer calls are batched across pairs.
+def score_pairs(pairs: Sequence[PlainPair], scorer: Scorer, mode: str = "in_context",
+                score_max: float = 4.0, chunk: int = 512) -> list[ScoredPair]:
+  """Segments and scores every response; scorer calls of `chunk` conversations span pairs.
 
   A pair with a segment the scorer could not score (NaN, e.g. a prefix
   longer than the attribute model's `score.max_len`) is left out.
@@ -96,7 +90,7 @@ def score_pairs(pairs: Sequence[PlainPair], scorer: AttributeScorer | MeshScorer
       prefixes = prefix_conversations(pair.prompt, text, spans)
       jobs.append((i, side, [text[a:b] for a, b in spans], len(prefixes)))
       convs += prefixes
-  scores = predict(convs, scorer, batch_size)[:, _HELPSTEER]
+  scores = predict(convs, scorer, chunk)[:, _HELPSTEER]
   built: dict[int, dict[str, ScoredResponse]] = {}
   pos = 0
   for i, side, segs, count in jobs:

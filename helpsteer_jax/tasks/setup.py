@@ -1,0 +1,76 @@
+"""The preamble every task runs, and the data it reads when none is configured.
+
+`prepare` builds the mesh and rules, checks that the workdir can be written,
+and loads the tokenizer checked against the model config. The `*_sources`
+helpers return the configured data, or write the demo data once (process 0)
+and return it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any, Callable
+
+import ml_collections
+
+from helpsteer_jax import runtime
+from helpsteer_jax.data.demo import pairs_2d as demo_pairs_2d
+from helpsteer_jax.data.demo import rows as demo_rows
+from helpsteer_jax.models import hf
+from helpsteer_jax.models.config import ModelConfig
+
+
+@dataclasses.dataclass
+class TaskSetup:
+  workdir: pathlib.Path
+  rt: runtime.Runtime
+  tokenizer_dir: str | None = None
+  tokenizer: Any = None
+  model_cfg: ModelConfig | None = None
+
+
+def prepare(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
+            tokenizer: bool = True, model: bool = True) -> TaskSetup:
+  """Mesh and rules, the workdir checked, the tokenizer loaded and checked against the model."""
+  setup = TaskSetup(pathlib.Path(workdir), runtime.setup(config))
+  runtime.check_workdir(setup.workdir)
+  if tokenizer:
+    setup.tokenizer_dir = runtime.tokenizer_dir(config, setup.workdir)
+    setup.tokenizer = hf.load_tokenizer(setup.tokenizer_dir)
+  if model:
+    setup.model_cfg = runtime.model_config(config)
+    if tokenizer:
+      runtime.check_tokenizer_fits(setup.tokenizer, setup.model_cfg.vocab_size)
+  return setup
+
+
+def _configured_or_demo(config: ml_collections.ConfigDict, workdir: pathlib.Path, marker: str,
+                        write: Callable) -> tuple[str, str]:
+  data = config.data
+  if data.train_path:
+    return data.train_path, data.validation_path
+  demo_dir = runtime.write_once(workdir / "demo_data", marker, lambda d: (
+      write(d, data.demo_train_rows, data.demo_validation_rows)))
+  return str(demo_dir), str(demo_dir)
+
+
+def helpsteer_sources(config: ml_collections.ConfigDict,
+                      workdir: pathlib.Path) -> tuple[str, str]:
+  """(train, validation) HelpSteer-format sources; the demo rows when none is configured."""
+  return _configured_or_demo(config, workdir, "validation.jsonl.gz",
+                             demo_rows.write_demo_dataset)
+
+
+def preference_sources(config: ml_collections.ConfigDict,
+                       workdir: pathlib.Path) -> tuple[str, str]:
+  """(train, validation) HelpSteer2-Preference sources; the demo pairs when none is configured."""
+  return _configured_or_demo(config, workdir, "preference/preference.jsonl.gz",
+                             demo_rows.write_demo_preference)
+
+
+def demo_2d_files(workdir: pathlib.Path, num_train: int, num_validation: int) -> tuple[str, str]:
+  """(train, validation) HelpSteer-2D demo files, written once."""
+  demo_dir = runtime.write_once(workdir / "demo_2d", "validation.jsonl", lambda d: (
+      demo_pairs_2d.write_demo_2d(d, num_train, num_validation)))
+  return str(demo_dir / "train.jsonl"), str(demo_dir / "validation.jsonl")
