@@ -22,7 +22,7 @@ step time from the chip's peak bf16 FLOP/s and HBM bandwidth. Neither count
 includes the splash kernels' own work (Pallas calls are opaque to XLA's cost
 analysis), the same kernels on both sides. Results accumulate in
 benchmarks/results/aot_vs_maxtext.json (a rerun skips finished compiles) and
-go to the README table.
+go to the table in docs/results.md.
 """
 
 from __future__ import annotations
@@ -238,7 +238,7 @@ def main() -> None:
   save(results)
   sys.path.insert(0, str(REPO / "benchmarks"))
   import common
-  common.update_readme_table(
+  common.update_doc_table(
       "aot-vs-maxtext", ["case", "step", "arguments GiB", "temporaries GiB", "total GiB",
                          "total vs MaxText", "PFLOP / step", "TB accessed / step",
                          "roofline s (compute / HBM)"], table_rows(results))

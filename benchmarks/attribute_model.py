@@ -11,7 +11,7 @@ tokens) scored with no gradient, both sides sorted by length into batches of
 row's last real token. Each framework runs in its own process; their timed
 repetitions alternate, each right after an untimed one of the same
 framework. Writes benchmarks/results/attribute_model.json and
-the README table.
+the table in docs/results.md.
 """
 
 from __future__ import annotations
@@ -176,12 +176,13 @@ def main() -> None:
   parser.add_argument("--sequences", type=int, default=64)
   parser.add_argument("--score-batch", type=int, default=8)
   parser.add_argument("--repeats", type=int, default=5)
-  parser.add_argument("--readme-only", action="store_true",
-                      help="rebuild the README table from benchmarks/results/attribute_model.json")
+  parser.add_argument("--table-only", "--readme-only", dest="table_only", action="store_true",
+                      help="rebuild the docs/results.md table from"
+                      " benchmarks/results/attribute_model.json")
   args = parser.parse_args()
-  if args.readme_only:
+  if args.table_only:
     import json
-    update_readme(json.loads((common.RESULTS / "attribute_model.json").read_text()))
+    update_table(json.loads((common.RESULTS / "attribute_model.json").read_text()))
     return
 
   import numpy as np
@@ -221,11 +222,11 @@ def main() -> None:
       "machine": common.machine(),
   }
   common.write_result("attribute_model", result)
-  update_readme(result)
+  update_table(result)
 
 
-def update_readme(result: dict) -> None:
-  """The README table from a result (also `--readme-only`, from the saved JSON)."""
+def update_table(result: dict) -> None:
+  """The docs/results.md table from a result (also `--table-only`, from the saved JSON)."""
   train, ann = result["train"], result["annotation"]
   name = f"Llama {result['params'] / 1e6:.0f}M + 9-way head, fp32"
   rows = [[name, "train step (tokens/s)", f"{train['batch']} x {train['seq']}",
@@ -235,7 +236,7 @@ def update_readme(result: dict) -> None:
            f"{ann['sequences']} seqs of {ann['lengths']} tokens, batch {ann['batch']}",
            f"{ann['jax_sequences_per_s']:.2f}", f"{ann['torch_sequences_per_s']:.2f}",
            f"{ann['ratio']:.2f}"]]
-  common.update_readme_table(
+  common.update_doc_table(
       "attribute-model-benchmark",
       ["model", "measure", "shape", "helpsteer-jax", "PyTorch", "ratio"], rows)
 

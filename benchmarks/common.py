@@ -2,8 +2,8 @@
 
 Each benchmark runs JAX and PyTorch in the same process, interleaving their
 timed repetitions so both see the same machine load, and reports medians.
-Results go to `benchmarks/results/<name>.json` and to a marked table in the
-README.
+Results go to `benchmarks/results/<name>.json` and to a marked table in
+docs/results.md (the install sizes: docs/install.md).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from typing import Callable
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
+RESULTS_DOC = REPO / "docs" / "results.md"  # the benchmark tables
+INSTALL_DOC = REPO / "docs" / "install.md"  # the install-sizes table
 
 
 def setup_cpu_process() -> None:
@@ -68,17 +70,17 @@ def write_result(name: str, result: dict) -> pathlib.Path:
   return path
 
 
-def update_readme_table(marker: str, header: list[str], rows: list[list[str]]) -> None:
-  """Replaces the table between `<!-- marker -->` and `<!-- /marker -->`."""
-  readme = REPO / "README.md"
-  text = readme.read_text()
+def update_doc_table(marker: str, header: list[str], rows: list[list[str]],
+                     doc: pathlib.Path = RESULTS_DOC) -> None:
+  """Replaces the table between `<!-- marker -->` and `<!-- /marker -->` in `doc`."""
+  text = doc.read_text()
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   lines += ["| " + " | ".join(r) + " |" for r in rows]
   block = f"<!-- {marker} -->\n" + "\n".join(lines) + f"\n<!-- /{marker} -->"
   pattern = re.compile(rf"<!-- {re.escape(marker)} -->.*?<!-- /{re.escape(marker)} -->", re.S)
   if not pattern.search(text):
-    raise SystemExit(f"README.md has no <!-- {marker} --> section to update")
-  readme.write_text(pattern.sub(block, text))
+    raise SystemExit(f"{doc.relative_to(REPO)} has no <!-- {marker} --> section to update")
+  doc.write_text(pattern.sub(block, text))
 
 
 class Worker:

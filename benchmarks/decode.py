@@ -8,7 +8,7 @@ tokens after a `--prompt`-token prompt (prefill included), both frameworks
 interleaved in one process, fp32. Every row generates all `--new` tokens (no
 EOS). Checks that the greedy tokens agree and that no call after the first
 of a bucket compiles again (the jit cache size stays 1 per bucket). Writes
-benchmarks/results/decode.json and the README table.
+benchmarks/results/decode.json and the table in docs/results.md.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def main() -> None:
             "prompt_tokens": args.prompt, "new_tokens": args.new, "dtype": "float32",
             "attention_impl": args.attention, "rows": rows, "machine": common.machine()}
   common.write_result("decode", result)
-  common.update_readme_table(
+  common.update_doc_table(
       "decode-benchmark",
       ["model", "batch", "prompt + new tokens", "helpsteer-jax tokens/s", "PyTorch tokens/s",
        "ratio", "greedy tokens equal", "compiles after the first call"],

@@ -16,7 +16,7 @@ python benchmarks/dpo2d_memory.py [--pairs 2 --seq 1024 --repeats 3]
    concatenated in one policy forward, reference forward on the fly under
    no_grad). Each runs in its own process; timed steps alternate, each
    right after an untimed step of the same framework.
-Writes benchmarks/results/dpo2d_memory.json and the README table.
+Writes benchmarks/results/dpo2d_memory.json and the table in docs/results.md.
 """
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ def main() -> None:
   }
   common.write_result("dpo2d_memory", result)
   gib = lambda n: f"{n / 2**30:.2f}"
-  common.update_readme_table(
+  common.update_doc_table(
       "dpo2d-memory-benchmark",
       ["loss + grad, head only", "fused (vocab chunks) temp GiB", "sequence chunks temp GiB",
        "naive temp GiB", "naive / fused"],
@@ -249,7 +249,7 @@ def main() -> None:
       continue
     rows.append([label, f"{args.pairs} x 2 x {args.seq}", f"{tps[name]:.0f}",
                  f"{tps[name] / tps['torch']:.2f}", f"{ts['peak_rss_mb'][name]:.0f}"])
-  common.update_readme_table(
+  common.update_doc_table(
       "dpo2d-step-benchmark",
       ["Llama 106M, fp32", "pairs x 2 x seq", "tokens/s", "vs PyTorch", "peak RSS MB"], rows)
 

@@ -5,7 +5,7 @@ python benchmarks/forward.py [--batch 4 --seq 1024 --repeats 5]
 Builds a ~100M-parameter Llama in transformers, saves it, imports it with our
 HF loader (so both run identical weights), checks the logits agree, then times
 full forwards (hidden states and fp32 logits) interleaved. Writes
-benchmarks/results/forward.json and the README table.
+benchmarks/results/forward.json and the table in docs/results.md.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def main() -> None:
       "machine": common.machine(),
   }
   common.write_result("forward", result)
-  common.update_readme_table(
+  common.update_doc_table(
       "forward-benchmark",
       ["model", "batch x seq", "helpsteer-jax tokens/s", "PyTorch tokens/s", "ratio"],
       [[f"Llama {cfg.num_params() / 1e6:.0f}M", f"{args.batch} x {args.seq}",

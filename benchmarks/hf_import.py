@@ -1,6 +1,6 @@
 """HF checkpoint import: our loader vs transformers' `from_pretrained`.
 
-python benchmarks/hf_import.py [--repeats 5] [--readme-only]
+python benchmarks/hf_import.py [--repeats 5] [--table-only]
 
 Saves a ~250M-parameter fp32 Llama (about 1 GB, random weights, several
 safetensors files) with transformers into a temporary directory, then
@@ -27,7 +27,7 @@ read_bytes (fetched from the disk by this process) and rchar (bytes through
 read syscalls: both libraries mmap the files, so it stays small), peak RSS
 (VmHWM, file-backed pages included; `ru_maxrss` would report the parent's
 peak, which survives fork and exec) and the RSS before the import. Writes
-benchmarks/results/hf_import.json and the README table.
+benchmarks/results/hf_import.json and the table in docs/results.md.
 """
 
 from __future__ import annotations
@@ -199,14 +199,15 @@ def main() -> None:
   parser.add_argument("--dir")
   parser.add_argument("--process", type=int, default=0)
   parser.add_argument("--port", type=int, default=0)
-  parser.add_argument("--readme-only", action="store_true",
-                      help="rebuild the README table from benchmarks/results/hf_import.json")
+  parser.add_argument("--table-only", "--readme-only", dest="table_only", action="store_true",
+                      help="rebuild the docs/results.md table from"
+                      " benchmarks/results/hf_import.json")
   args = parser.parse_args()
   if args.child:
     child(args.child, args.dir, args.process, args.port)
     return
-  if args.readme_only:
-    update_readme(json.loads((common.RESULTS / "hf_import.json").read_text()))
+  if args.table_only:
+    update_table(json.loads((common.RESULTS / "hf_import.json").read_text()))
     return
 
   import torch
@@ -240,11 +241,11 @@ def main() -> None:
       "runs": runs, "machine": common.machine(),
   }
   common.write_result("hf_import", result)
-  update_readme(result)
+  update_table(result)
 
 
-def update_readme(result: dict) -> None:
-  """The README table from a result (also `--readme-only`, from the saved JSON)."""
+def update_table(result: dict) -> None:
+  """The docs/results.md table from a result (also `--table-only`, from the saved JSON)."""
   names = {"ours_1_device": "helpsteer-jax, 1 device",
            "ours_8_devices": "helpsteer-jax, 8-device fsdp mesh",
            "ours_2_processes": "helpsteer-jax, 2 processes x 4 devices, fsdp=8 (per process)",
@@ -258,7 +259,7 @@ def update_readme(result: dict) -> None:
                    names[subject], f"{r['seconds']:.2f}", f"{r['seconds_resident']:.2f}",
                    served, f"{r['read_bytes'] / 1e9:.2f}",
                    f"{r['peak_rss_mb'] / 1024:.2f} ({r['rss_before_mb'] / 1024:.2f})"])
-  common.update_readme_table(
+  common.update_doc_table(
       "hf-import-benchmark",
       ["checkpoint", "page cache", "import", "call s", "until resident s",
        "GB served by reader", "GB read from disk", "peak RSS GB (before)"], rows)

@@ -9,7 +9,7 @@ number of distributions and the time taken (downloads included: pip's cache
 is warm after the first target). An extra's "adds" is its size less the
 core's on the same Python. Results accumulate in
 benchmarks/results/install_sizes.json (a rerun skips finished targets) and
-go to the README table.
+go to the table in docs/install.md.
 """
 
 from __future__ import annotations
@@ -91,7 +91,8 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--pythons", default="3.11,3.12")
   parser.add_argument("--targets", default=",".join(TARGETS))
-  parser.add_argument("--render-only", action="store_true", help="only rewrite the README table")
+  parser.add_argument("--render-only", action="store_true",
+                      help="only rewrite the table in docs/install.md")
   args = parser.parse_args()
   results = load()
   if args.render_only:
@@ -119,9 +120,10 @@ def main() -> None:
 def render(results: dict) -> None:
   sys.path.insert(0, str(REPO / "benchmarks"))
   import common
-  common.update_readme_table(
+  common.update_doc_table(
       "install-sizes", ["Python", "target", "site-packages MB", "adds to the core MB",
-                        "distributions", "versions"], table_rows(results))
+                        "distributions", "versions"], table_rows(results),
+      doc=common.INSTALL_DOC)
 
 
 if __name__ == "__main__":

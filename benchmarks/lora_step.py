@@ -9,7 +9,7 @@ rank and alpha = 2 x rank on both sides, the base frozen; full fine-tuning
 is the AC-SFT step of benchmarks/train_step.py. Each runs in its own
 process; timed steps alternate, each right after an untimed step of the
 same worker. Reports tokens/s and each process's peak resident memory.
-Writes benchmarks/results/lora_step.json and the README table.
+Writes benchmarks/results/lora_step.json and the table in docs/results.md.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def main() -> None:
   rows = [[names[k], f"{args.batch} x {args.seq}", f"{result['trainable_params'][k] / 1e6:.2f}M",
            f"{tps[k]:.0f}", f"{tps[k] / tps['peft_lora']:.2f}",
            f"{result['peak_rss_mb'][k]:.0f}"] for k in names]
-  common.update_readme_table(
+  common.update_doc_table(
       "lora-step-benchmark",
       ["step (Llama 106M, fp32, rank %d, all 7 projections)" % args.rank, "batch x seq",
        "trainable params", "tokens/s", "vs peft", "peak RSS MB"], rows)

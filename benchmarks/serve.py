@@ -9,7 +9,7 @@ client sends greedy chat requests with different prompts, first one after
 another, then all at once. Reports generated tokens/s (usage.completion_tokens
 over wall time) for both, their ratio, p50 / p99 latency of the concurrent
 requests, and the compile count before and after (equal: no compile after
-warm-up). Writes benchmarks/results/serve.json and the README table.
+warm-up). Writes benchmarks/results/serve.json and the table in docs/results.md.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def main() -> None:
           for m in args.models.split(",")]
   common.write_result("serve", {"benchmark": "serve", "machine": common.machine(),
                                 "results": rows})
-  common.update_readme_table(
+  common.update_doc_table(
       "serve-benchmark",
       ["model", "requests", "max_tokens", "rows", "sequential tokens/s",
        "concurrent tokens/s", "speedup", "p50 / p99 latency (s)", "compiles during requests"],

@@ -13,7 +13,7 @@ sentence count, correctness from the answer, complexity from the technical
 register. Reports, per setting, the mean response length (words, sentences,
 tokens), the mean rule scores and the share of correct answers per topic;
 plus best-of-4 (temperature 0.7) picked by the HelpSteer2 reward of the rule
-scores. Writes benchmarks/results/steering.json, the README tables and the
+scores. Writes benchmarks/results/steering.json, the tables in docs/results.md and the
 sweep's figure, docs/steering_sweep.png (with `--tag`, suffixed).
 """
 
@@ -100,8 +100,8 @@ def main() -> None:
   parser.add_argument("--acsft_workdir", default=str(common.REPO / "workdir" / "acsft"))
   parser.add_argument("--prompts", type=int, default=50)
   parser.add_argument("--max_new_tokens", type=int, default=128)
-  parser.add_argument("--tag", default="", help="suffix of the result file, README marker and"
-                      " figure (e.g. a longer AC-SFT run)")
+  parser.add_argument("--tag", default="", help="suffix of the result file, the docs/results.md"
+                      " markers and the figure (e.g. a longer AC-SFT run)")
   args = parser.parse_args()
   workdir = pathlib.Path(args.acsft_workdir).absolute()
   ensure_acsft_run(workdir)
@@ -151,9 +151,9 @@ def write_tables(result: dict, marker_suffix: str) -> None:
               lambda e: percent((e["predicted"]["complexity"] - 1) / 2)),
           words("coherence"), rule("coherence"), words("helpfulness"), rule("helpfulness")]
   values = [str(v) for v in result["sweep"]["values"]]
-  common.update_readme_table("steering-benchmark" + marker_suffix,
+  common.update_doc_table("steering-benchmark" + marker_suffix,
                              ["attribute", "measure", *values], rows)
-  common.update_readme_table("steering-best-of-4" + marker_suffix,
+  common.update_doc_table("steering-best-of-4" + marker_suffix,
                              ["answers correct (rule)", "one sample", "best of 4"],
                              [["best-of-4, HelpSteer2 reward of rule scores",
                                percent(bon["accuracy_single_sample"]),

@@ -18,7 +18,7 @@ python benchmarks/steerlm_smollm2.py [--steps 60] [--rm_steps 40] [--control ver
    they are generated.
 
 Every stage resumes (finished stages are skipped). Writes
-benchmarks/results/steerlm_smollm2.json, the README table and
+benchmarks/results/steerlm_smollm2.json, the table in docs/results.md and
 docs/steerlm_smollm2_sweep.png. Run once by hand; not part of CI.
 """
 
@@ -185,7 +185,7 @@ def main() -> None:
   labels = {"acsft": "AC-SFT", "base": "base (control)"}
   rows = [_row(labels[name], results[name][a], a, scored) for a in attributes
           for name in results if a in results[name]]
-  common.update_readme_table("steerlm-smollm2", header, rows)
+  common.update_doc_table("steerlm-smollm2", header, rows)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ right after an untimed step of the same framework (as in a training loop). Also
 reports each process's peak resident memory and checks the compiled step's
 FLOPs (XLA cost analysis with every loop unrolled, batch 1) against the
 analytic 6 x params x tokens + causal attention FLOPs with remat off.
-Writes benchmarks/results/train_step.json and the README table.
+Writes benchmarks/results/train_step.json and the table in docs/results.md.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def main() -> None:
            f"{tps['jax']:.0f}", f"{tps['torch']:.0f}", f"{tps['jax'] / tps['torch']:.2f}",
            f"{result['jax_peak_rss_mb']:.0f} / {result['torch_peak_rss_mb']:.0f}",
            f"{result.get('flops_ratio', float('nan')):.3f}"]]
-  common.update_readme_table(
+  common.update_doc_table(
       "train-step-benchmark",
       ["model", "batch x seq", "helpsteer-jax tokens/s", "PyTorch tokens/s", "ratio",
        "peak RSS MB (jax / torch)", "compiled / analytic FLOPs"], rows)
