@@ -71,7 +71,7 @@ def _tail(text: str, lines: int = 25) -> str:
 
 def _run_cli(args: list[str], log: pathlib.Path, env: dict[str, str], timeout: float
              ) -> tuple[int, str]:
-  """Runs `python -m helpsteer_jax.main args` from the repository; (exit code, output)."""
+  """Runs `python -m helpsteer_jax.main args` in the repository root; (exit code, output)."""
   cmd = [sys.executable, "-m", "helpsteer_jax.main", *args]
   print("$ " + " ".join(cmd), flush=True)
   try:
@@ -298,7 +298,7 @@ def check_attention(step: Step, dry_run: bool) -> None:
 def check_train(step: Step, args, env, workdir: pathlib.Path) -> None:
   run_dir = workdir / "acsft"
   impl = "blockwise" if args.cpu_dry_run else "cudnn"
-  flags = [f"--config={REPO / 'configs' / 'acsft.py'}", f"--workdir={run_dir}",
+  flags = ["--config=configs/acsft.py", f"--workdir={run_dir}",
            f"--config.model.attention_impl={impl}", "--config.model.dtype=bfloat16",
            f"--config.train.num_steps={args.steps}",
            f"--config.train.log_every={args.log_every}",
@@ -356,7 +356,7 @@ def check_train(step: Step, args, env, workdir: pathlib.Path) -> None:
 def check_generate(step: Step, args, env, workdir: pathlib.Path) -> None:
   prompts = workdir / "prompts.jsonl"
   prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS), encoding="utf-8")
-  base = [f"--config={REPO / 'configs' / 'generate.py'}",
+  base = ["--config=configs/generate.py",
           f"--config.checkpoint={workdir / 'acsft'}", f"--config.input={prompts}",
           f"--config.max_new_tokens={args.max_new_tokens}", "--config.sampling.temperature=0"]
   variants = [("blockwise, fp32 (defaults)", [])]
