@@ -24,7 +24,7 @@ import common
 common.setup_cpu_process()
 
 LR, BETAS, WD, CLIP = 1e-5, (0.9, 0.98), 0.01, 1.0
-PAD = 64
+MAX_LEN = 512  # the scorer's longest input: length buckets 64, 128, 256, 512
 
 
 def _tokens(batch, seq, vocab):
@@ -46,11 +46,12 @@ def _score_sequences(n, vocab):
 
 
 def _batches(seqs, batch):
-  """Length-sorted batches, padded to a multiple of PAD (what the RewardModelScorer does)."""
-  from helpsteer_jax.inference.scoring import length_batches, pad_batch
+  """Length-sorted batches, each padded to its length bucket (what the ModelScorer does)."""
+  from helpsteer_jax.scoring.model import length_batches, length_buckets, pad_batch
+  buckets = length_buckets(MAX_LEN)
   out = []
   for idx in length_batches([len(s) for s in seqs], batch):
-    length = -(-max(len(seqs[i]) for i in idx) // PAD) * PAD
+    length = next(b for b in buckets if b >= max(len(seqs[i]) for i in idx))
     out.append(pad_batch([seqs[i] for i in idx], batch, length))
   return out
 
@@ -61,10 +62,12 @@ def jax_worker(conn, hf_dir, head_path, mode, batch, seq, sequences, score_batch
   import jax
   import numpy as np
 
-  from helpsteer_jax import config_base, reward_runtime, runtime
+  from helpsteer_jax import config_base, runtime
   from helpsteer_jax.data.batches import REGRESSION_BATCH
-  from helpsteer_jax.inference.scoring import RewardModelScorer
+  from helpsteer_jax.data.features.rm import RegressionTokenizer
   from helpsteer_jax.losses.regression import regression_loss
+  from helpsteer_jax.scoring import reward_model
+  from helpsteer_jax.scoring.model import ModelScorer
   from helpsteer_jax.train import loop
   from helpsteer_jax.train import state as state_lib
   from helpsteer_jax.train.optim import optimizer_config
@@ -73,13 +76,13 @@ def jax_worker(conn, hf_dir, head_path, mode, batch, seq, sequences, score_batch
   config.model = config_base.model_section("bench_100m", hf_path=hf_dir)
   config.data = config_base.data_config(packing=False)
   config.mesh = config_base.mesh_config(1, 1, 1)
-  config.init = reward_runtime.init_config(head=head_path)
+  config.init = reward_model.init_config(head=head_path)
   config.train = loop.train_config(num_steps=1000, global_batch=batch, micro_batch=batch,
                                    seq_len=seq, export_hf=False, save_every=10**9)
   config.optimizer = optimizer_config(lr=LR, b1=BETAS[0], b2=BETAS[1], weight_decay=WD,
                                       grad_clip=CLIP, schedule="constant", warmup_steps=0)
   rt = runtime.setup(config)
-  model = reward_runtime.build_reward_model(config, rt)
+  model = reward_model.build_reward_model(config, rt)
   stats = {}
   if mode == "train":
     vocab = runtime.model_config(config).vocab_size
@@ -101,11 +104,12 @@ def jax_worker(conn, hf_dir, head_path, mode, batch, seq, sequences, score_batch
         jax.block_until_ready(metrics)
       stats["last_loss"] = float(metrics["loss"])
   else:
-    scorer = RewardModelScorer(model, rt, score_batch, PAD)
+    # Token ids are scored directly (score_ids): the tokenizer is never asked.
+    scorer = ModelScorer(model, rt, RegressionTokenizer(None, MAX_LEN), score_batch)
     seqs = _score_sequences(sequences, runtime.model_config(config).vocab_size)
 
     def run_once():
-      stats["checksum"] = float(np.sum(scorer.score(seqs)))
+      stats["checksum"] = float(np.sum(scorer.score_ids(seqs)))
 
   common.serve(conn, run_once, lambda: stats)
 

@@ -433,7 +433,7 @@ def engine_probe(hf_dir: str, max_new_tokens: int) -> dict:
     queues = []
     for t in texts:
       q = queue.Queue()
-      eng.submit(engine_lib.Request(prompt_ids=gen.encode(t), max_tokens=max_new_tokens,
+      eng.submit(engine_lib.DecodeRequest(prompt_ids=gen.encode(t), max_tokens=max_new_tokens,
                                     on_update=q.put))
       queues.append(q)
     finals = []

@@ -35,8 +35,10 @@ from helpsteer_jax import runtime  # noqa: E402
 from helpsteer_jax.data.demo import rows as demo  # noqa: E402
 from helpsteer_jax.eval import steering_sweep as sweep_lib  # noqa: E402
 from helpsteer_jax.eval import sweep_report  # noqa: E402
-from helpsteer_jax.inference import attribute_scorer, best_of_n, steering  # noqa: E402
+from helpsteer_jax.inference import best_of_n, steering  # noqa: E402
 from helpsteer_jax.inference.sampling import SamplingConfig  # noqa: E402
+from helpsteer_jax.scoring import rewards, rules  # noqa: E402
+from helpsteer_jax.scoring.scorer import HostScorer  # noqa: E402
 from helpsteer_jax.tasks import generate  # noqa: E402
 
 FIXED = dict(helpfulness=4, correctness=4, coherence=4, complexity=1, verbosity=2)
@@ -60,11 +62,11 @@ def sweep(gen, prompts, batch_size: int, max_new_tokens: int) -> dict:
   """The sweep's summary, each setting with its per-topic correctness and two examples."""
   grid = sweep_lib.settings(FIXED, tuple(FIXED))
   requests = sweep_lib.sweep_requests([steering.make_request(p, FIXED) for p in prompts], grid)
-  scorer = attribute_scorer.as_mesh_scorer(attribute_scorer.DemoRuleScorer())
+  scorer = HostScorer(rules.demo_rule_scores)
   rows = []
   for start in range(0, len(requests), batch_size):
     rows += sweep_lib.answer_rows(gen, requests[start:start + batch_size], max_new_tokens,
-                                  SamplingConfig(), start, scorer, batch_size)
+                                  SamplingConfig(), start, scorer)
   summary = sweep_lib.summarize(rows, grid)
   for name, entries in summary["sweeps"].items():
     for entry in entries:
@@ -77,8 +79,8 @@ def sweep(gen, prompts, batch_size: int, max_new_tokens: int) -> dict:
 
 
 def best_of_4(gen, prompts, max_new_tokens) -> dict:
-  scorer = attribute_scorer.DemoRuleScorer()
-  weights = best_of_n.weight_vector(best_of_n.HELPSTEER2_WEIGHTS)
+  scorer = HostScorer(rules.demo_rule_scores)
+  weights = rewards.weight_vector(rewards.HELPSTEER2_WEIGHTS)
   correct_best, correct_any, correct_mean = [], [], []
   requests = [steering.make_request(p, FIXED) for p in prompts]
   results = []

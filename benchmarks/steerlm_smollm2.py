@@ -84,7 +84,7 @@ def sweep(model: pathlib.Path, workdir: pathlib.Path, attribute: str, args,
       f"--config.mt_bench.questions={QUESTIONS}", f"--config.sweep.attributes={attribute}",
       f"--config.sweep.scores={args.scores}", f"--config.max_new_tokens={args.max_new_tokens}",
       "--config.max_length=1024", f"--config.batch_size={args.batch_size}",
-      f"--config.scorer={scorer}", f"--config.prompt_limit={args.prompt_limit}")
+      f"--config.scorer.source={scorer}", f"--config.prompt_limit={args.prompt_limit}")
   return json.loads((workdir / "sweep.json").read_text()), seconds
 
 

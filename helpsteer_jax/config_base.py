@@ -36,25 +36,25 @@ def unknown_preset(task: str, preset: str, presets: tuple[str, ...]) -> ConfigEr
 
 def model_section(preset: str = "tiny", **knobs: Any) -> ml_collections.ConfigDict:
   """The `config.model` section: a preset or an HF directory, plus knobs."""
-  cfg = ml_collections.ConfigDict()
-  cfg.preset = preset
-  cfg.hf_path = ""  # a local HF directory (or hub id) to import weights from
-  cfg.dtype = "float32"
-  cfg.param_dtype = "float32"
-  cfg.remat_policy = "none"
-  cfg.scan_layers = True
-  cfg.attention_impl = "blockwise"
-  cfg.attention_block_size = 128
+  section = ml_collections.ConfigDict()
+  section.preset = preset
+  section.hf_path = ""  # a local HF directory (or hub id) to import weights from
+  section.dtype = "float32"
+  section.param_dtype = "float32"
+  section.remat_policy = "none"
+  section.scan_layers = True
+  section.attention_impl = "blockwise"
+  section.attention_block_size = 128
   for name, typ in _SHAPE_FIELDS.items():
-    setattr(cfg, name, placeholder(typ))
-  cfg.lora = lora_section()
-  cfg.update(knobs)
-  return cfg
+    setattr(section, name, placeholder(typ))
+  section.lora = lora_section()
+  section.update(knobs)
+  return section
 
 
 def lora_section(**overrides: Any) -> ml_collections.ConfigDict:
   """`config.model.lora`: LoRA adapters (models/lora.py); rank 0 = full fine-tuning."""
-  cfg = ml_collections.ConfigDict(dict(
+  section = ml_collections.ConfigDict(dict(
       rank=0,
       alpha=16.0,             # scale alpha / rank
       dropout=0.0,
@@ -62,17 +62,17 @@ def lora_section(**overrides: Any) -> ml_collections.ConfigDict:
       base_dtype="",          # e.g. "bfloat16": frozen base weights stored in it
       adapter="",             # a PEFT LoRA directory to start from (or to generate with)
   ))
-  cfg.update(overrides)
-  return cfg
+  section.update(overrides)
+  return section
 
 
-def lora_config(model_cfg: ml_collections.ConfigDict) -> LoraConfig | None:
+def lora_config(model: ml_collections.ConfigDict) -> LoraConfig | None:
   """The `LoraConfig` of `config.model.lora` (None for rank 0 without an adapter).
 
   An adapter directory brings its own settings; rank / alpha / targets given
   as well must agree with it.
   """
-  section = model_cfg.get("lora")
+  section = model.get("lora")
   if section is None or (not section.rank and not section.adapter):
     return None
   if section.adapter:
@@ -94,7 +94,7 @@ def mesh_config(data: int = 1, fsdp: int = -1, tensor: int = 1) -> ml_collection
 
 def data_config(**overrides: Any) -> ml_collections.ConfigDict:
   """The `config.data` section: sources, format and what to do with bad rows."""
-  cfg = ml_collections.ConfigDict(dict(
+  section = ml_collections.ConfigDict(dict(
       train_path="",        # file, HF-layout directory, or hub id; "" = the demo data
       validation_path="",   # "" with train_path set = no evaluation
       validation_split="validation",
@@ -107,52 +107,52 @@ def data_config(**overrides: Any) -> ml_collections.ConfigDict:
       demo_train_rows=2000,
       demo_validation_rows=200,
   ))
-  cfg.update(overrides)
-  return cfg
+  section.update(overrides)
+  return section
 
 
 def base_config(task: str) -> ml_collections.ConfigDict:
   """Fields every task has."""
-  cfg = ml_collections.ConfigDict()
-  cfg.task = task
-  cfg.seed = 0
-  cfg.model = model_section()
-  cfg.mesh = mesh_config()
-  cfg.sharding_rules = tuple(sharding_lib.DEFAULT_RULES)
-  cfg.tokenizer = ""  # HF tokenizer directory; "" = the model's or the demo one
+  config = ml_collections.ConfigDict()
+  config.task = task
+  config.seed = 0
+  config.model = model_section()
+  config.mesh = mesh_config()
+  config.sharding_rules = tuple(sharding_lib.DEFAULT_RULES)
+  config.tokenizer = ""  # HF tokenizer directory; "" = the model's or the demo one
   from helpsteer_jax.distributed import distributed_config
-  cfg.distributed = distributed_config()
+  config.distributed = distributed_config()
   # Ahead-of-time compilation for a TPU topology instead of running (aot.py).
-  cfg.compile_only = False
-  cfg.compile_topology = ""  # e.g. v5p-128, v5e-256, v5e:2x2
-  cfg.compile_slices = 1
-  cfg.compile_flops = True   # also count the step's FLOPs (two small extra compiles)
-  return cfg
+  config.compile_only = False
+  config.compile_topology = ""  # e.g. v5p-128, v5e-256, v5e:2x2
+  config.compile_slices = 1
+  config.compile_flops = True   # also count the step's FLOPs (two small extra compiles)
+  return config
 
 
-def build_model_config(model_cfg: ml_collections.ConfigDict,
+def build_model_config(model: ml_collections.ConfigDict,
                        base: ModelConfig | None = None) -> ModelConfig:
   """`ModelConfig` from the preset (or `base`, e.g. read from an HF dir) + knobs."""
   overrides = {
-      "dtype": model_cfg.dtype,
-      "param_dtype": model_cfg.param_dtype,
-      "remat_policy": model_cfg.remat_policy,
-      "scan_layers": model_cfg.scan_layers,
-      "attention_impl": model_cfg.attention_impl,
-      "attention_block_size": model_cfg.attention_block_size,
+      "dtype": model.dtype,
+      "param_dtype": model.param_dtype,
+      "remat_policy": model.remat_policy,
+      "scan_layers": model.scan_layers,
+      "attention_impl": model.attention_impl,
+      "attention_block_size": model.attention_block_size,
   }
   for name in _SHAPE_FIELDS:
-    value = model_cfg.get(name)
+    value = model.get(name)
     if value is not None:
       overrides[name] = value
-  overrides["lora"] = lora_config(model_cfg)
+  overrides["lora"] = lora_config(model)
   if base is not None:
-    _check_checkpoint_shape(model_cfg, base, overrides)
+    _check_checkpoint_shape(model, base, overrides)
     return dataclasses.replace(base, **overrides)
-  return get_preset(model_cfg.preset, **overrides)
+  return get_preset(model.preset, **overrides)
 
 
-def _check_checkpoint_shape(model_cfg: ml_collections.ConfigDict, base: ModelConfig,
+def _check_checkpoint_shape(model: ml_collections.ConfigDict, base: ModelConfig,
                             overrides: dict[str, Any]) -> None:
   """An HF checkpoint fixes the model's shape: a config that sets another is refused."""
   conflicts = [f"model.{name}={overrides[name]} (the checkpoint has {getattr(base, name)})"
@@ -160,10 +160,10 @@ def _check_checkpoint_shape(model_cfg: ml_collections.ConfigDict, base: ModelCon
                and overrides[name] != getattr(base, name)]
   if conflicts:
     raise ConfigError(
-        f"{model_cfg.hf_path} fixes the model's shape, but the config sets "
+        f"{model.hf_path} fixes the model's shape, but the config sets "
         f"{'; '.join(conflicts)}. The demo recipes set a tiny shape: start from a recipe"
         " preset for HF weights (e.g. configs/acsft.py:smollm2_135m) or drop these settings")
 
 
-def rules_from_config(cfg: ml_collections.ConfigDict) -> sharding_lib.Rules:
-  return sharding_lib.normalize_rules(cfg.sharding_rules)
+def rules_from_config(config: ml_collections.ConfigDict) -> sharding_lib.Rules:
+  return sharding_lib.normalize_rules(config.sharding_rules)

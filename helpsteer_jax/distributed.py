@@ -41,6 +41,7 @@ import jax
 import ml_collections
 from absl import logging
 
+from helpsteer_jax import processes
 from helpsteer_jax.errors import ConfigError
 
 MODES = ("auto", "always", "never")
@@ -50,11 +51,11 @@ _KEY = "helpsteer_jax"
 
 def distributed_config(**overrides) -> ml_collections.ConfigDict:
   """The `config.distributed` section."""
-  cfg = ml_collections.ConfigDict(dict(
+  section = ml_collections.ConfigDict(dict(
       mode="auto", coordinator_address="", num_processes=-1, process_id=-1,
       local_device_ids="", initialization_timeout=300, heartbeat_timeout=100))
-  cfg.update(overrides)
-  return cfg
+  section.update(overrides)
+  return section
 
 
 def cluster_detected(env: dict[str, str] | None = None) -> str:
@@ -89,16 +90,16 @@ def _device_ids(value: str) -> list[int] | None:
                       " integers such as 0,1") from None
 
 
-def _check_explicit(cfg: ml_collections.ConfigDict) -> None:
-  if cfg.num_processes < 1 or cfg.process_id < 0:
+def _check_explicit(section: ml_collections.ConfigDict) -> None:
+  if section.num_processes < 1 or section.process_id < 0:
     raise ConfigError("distributed.coordinator_address is set: also set"
                       " distributed.num_processes and distributed.process_id")
-  if cfg.process_id >= cfg.num_processes:
-    raise ConfigError(f"distributed.process_id={cfg.process_id} is out of range for"
-                      f" distributed.num_processes={cfg.num_processes}: give each process"
-                      f" a distinct id in 0..{cfg.num_processes - 1}")
-  if ":" not in cfg.coordinator_address:
-    raise ConfigError(f"distributed.coordinator_address={cfg.coordinator_address!r}: expected"
+  if section.process_id >= section.num_processes:
+    raise ConfigError(f"distributed.process_id={section.process_id} is out of range for"
+                      f" distributed.num_processes={section.num_processes}: give each process"
+                      f" a distinct id in 0..{section.num_processes - 1}")
+  if ":" not in section.coordinator_address:
+    raise ConfigError(f"distributed.coordinator_address={section.coordinator_address!r}: expected"
                       " host:port (process 0's host and a free port)")
 
 
@@ -107,11 +108,11 @@ def _client():
   return jax_distributed.global_state.client
 
 
-def _join_message(cfg: ml_collections.ConfigDict, why: str) -> str:
-  where = cfg.coordinator_address or "the detected coordinator"
-  return (f"could not join the process group at {where} as process {cfg.process_id} of"
-          f" {cfg.num_processes} within distributed.initialization_timeout="
-          f"{cfg.initialization_timeout} s ({why}); check that distributed.coordinator_address"
+def _join_message(section: ml_collections.ConfigDict, why: str) -> str:
+  where = section.coordinator_address or "the detected coordinator"
+  return (f"could not join the process group at {where} as process {section.process_id} of"
+          f" {section.num_processes} within distributed.initialization_timeout="
+          f"{section.initialization_timeout} s ({why}); check that distributed.coordinator_address"
           " is process 0's host:port, that process 0 is running, and that every process was"
           " started with the same distributed.num_processes and its own process_id")
 
@@ -124,10 +125,10 @@ class _JoinDeadline:
   hint of which setting is wrong; this says it in one line first.
   """
 
-  def __init__(self, cfg: ml_collections.ConfigDict):
-    timeout = float(cfg.initialization_timeout)
+  def __init__(self, section: ml_collections.ConfigDict):
+    timeout = float(section.initialization_timeout)
     self.seconds = timeout - min(2.0, timeout / 5)
-    self.cfg = cfg
+    self.section = section
     self._done = threading.Event()
 
   def __enter__(self) -> "_JoinDeadline":
@@ -136,13 +137,13 @@ class _JoinDeadline:
 
   def _expire(self) -> None:
     if not self._done.wait(self.seconds):
-      _exit_with(_join_message(self.cfg, "not every process joined in time"), 2)
+      _exit_with(_join_message(self.section, "not every process joined in time"), 2)
 
   def __exit__(self, *exc) -> None:
     self._done.set()
 
 
-def _check_agreement(cfg: ml_collections.ConfigDict) -> None:
+def _check_agreement(section: ml_collections.ConfigDict) -> None:
   """Every process must have been started with the same process count.
 
   Each process reports its count, and all read every report between two
@@ -151,9 +152,9 @@ def _check_agreement(cfg: ml_collections.ConfigDict) -> None:
   """
   client = _client()
   pid, count = jax.process_index(), jax.process_count()
-  mine = int(cfg.num_processes) if cfg.num_processes > 0 else count
+  mine = int(section.num_processes) if section.num_processes > 0 else count
   client.key_value_set(f"{_KEY}/num_processes/{pid}", str(mine))
-  timeout_ms = int(cfg.initialization_timeout) * 1000
+  timeout_ms = int(section.initialization_timeout) * 1000
   try:
     client.wait_at_barrier(f"{_KEY}/num_processes_reported", timeout_ms)
     reported = {other: int(client.blocking_key_value_get(f"{_KEY}/num_processes/{other}",
@@ -162,7 +163,7 @@ def _check_agreement(cfg: ml_collections.ConfigDict) -> None:
     client.wait_at_barrier(f"{_KEY}/num_processes_read", timeout_ms)
   except Exception as e:  # noqa: BLE001 - a timeout: some process never got this far
     raise ConfigError(f"not every process reported within distributed.initialization_timeout="
-                      f"{cfg.initialization_timeout} s ({e}); this process group has {count}"
+                      f"{section.initialization_timeout} s ({e}); this process group has {count}"
                       " processes: start every process with the same"
                       " distributed.num_processes") from None
   for other in range(count):
@@ -174,49 +175,49 @@ def _check_agreement(cfg: ml_collections.ConfigDict) -> None:
                         " distributed.num_processes")
 
 
-def initialize(cfg: ml_collections.ConfigDict | None) -> bool:
-  """Joins the process group described by `cfg` (or the environment).
+def initialize(section: ml_collections.ConfigDict | None) -> bool:
+  """Joins the process group described by `section` (or the environment).
 
   Must run before anything touches a JAX backend. Returns whether this is a
   multi-process run. Idempotent. A process that cannot join (wrong address,
   mismatched process count, unreachable peers) fails with `ConfigError`
   after `initialization_timeout` seconds at most.
   """
-  if cfg is None or cfg.mode == "never":
+  if section is None or section.mode == "never":
     return False
-  if cfg.mode not in MODES:
-    raise ConfigError(f"distributed.mode={cfg.mode!r}; choose one of {MODES}")
+  if section.mode not in MODES:
+    raise ConfigError(f"distributed.mode={section.mode!r}; choose one of {MODES}")
   if jax.distributed.is_initialized():
     return True
-  explicit = bool(cfg.coordinator_address)
+  explicit = bool(section.coordinator_address)
   kind = "explicit" if explicit else cluster_detected()
-  if cfg.mode == "auto" and not kind:
+  if section.mode == "auto" and not kind:
     return False
-  if int(cfg.heartbeat_timeout) < 1:
-    raise ConfigError(f"distributed.heartbeat_timeout={cfg.heartbeat_timeout}: give a number"
+  if int(section.heartbeat_timeout) < 1:
+    raise ConfigError(f"distributed.heartbeat_timeout={section.heartbeat_timeout}: give a number"
                       " of seconds >= 1 (pods: 100 or more)")
-  kwargs = dict(initialization_timeout=int(cfg.initialization_timeout),
-                heartbeat_timeout_seconds=int(cfg.heartbeat_timeout))
+  kwargs = dict(initialization_timeout=int(section.initialization_timeout),
+                heartbeat_timeout_seconds=int(section.heartbeat_timeout))
   if explicit:
-    _check_explicit(cfg)
-    kwargs.update(coordinator_address=cfg.coordinator_address,
-                  num_processes=int(cfg.num_processes), process_id=int(cfg.process_id))
-  ids = _device_ids(cfg.local_device_ids)
+    _check_explicit(section)
+    kwargs.update(coordinator_address=section.coordinator_address,
+                  num_processes=int(section.num_processes), process_id=int(section.process_id))
+  ids = _device_ids(section.local_device_ids)
   if ids is not None:
     kwargs["local_device_ids"] = ids
   # A lost process is reported by the service rather than aborting everyone,
   # so PeerWatchdog can say what happened (see the module docstring).
   jax.config.update("jax_enable_recoverability", True)
-  with _JoinDeadline(cfg):
+  with _JoinDeadline(section):
     try:
       jax.distributed.initialize(**kwargs)
     except (ValueError, TypeError) as e:
       raise ConfigError(f"distributed: {e}") from None
     except Exception as e:  # noqa: BLE001 - the runtime's errors (deadline, unavailable)
       why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-      raise ConfigError(_join_message(cfg, why)) from None
-    _check_agreement(cfg)
-  PeerWatchdog(int(cfg.heartbeat_timeout)).start()
+      raise ConfigError(_join_message(section, why)) from None
+    _check_agreement(section)
+  PeerWatchdog(int(section.heartbeat_timeout)).start()
   logging.info("process %d of %d (%s cluster), %d local / %d global devices",
                jax.process_index(), jax.process_count(), kind or "configured",
                jax.local_device_count(), jax.device_count())
@@ -334,7 +335,7 @@ def broadcast_from_primary(value: Any) -> Any:
   _broadcasts += 1
   key = f"{_KEY}/broadcast/{_broadcasts}"
   client = _client()
-  if jax.process_index() == 0:
+  if processes.is_primary():
     client.key_value_set(key, json.dumps(value))
     return value
   return json.loads(client.blocking_key_value_get(key, 3_600_000))
@@ -345,9 +346,5 @@ _broadcasts = 0
 
 def quiet_non_primary() -> None:
   """Only process 0 logs at INFO: one progress bar, one set of messages."""
-  if jax.process_index() != 0:
+  if not processes.is_primary():
     logging.set_verbosity(logging.WARNING)
-
-
-def is_primary() -> bool:
-  return jax.process_index() == 0

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from helpsteer_jax import distributed
+from helpsteer_jax import distributed, processes
 from helpsteer_jax.errors import ConfigError
 
 T = TypeVar("T")
@@ -27,7 +27,7 @@ def on_primary(decide: Callable[[], T]) -> T:
   if jax.process_count() == 1:
     return decide()
   outcome = None
-  if jax.process_index() == 0:
+  if processes.is_primary():
     try:
       outcome = {"value": decide()}
     except ConfigError as e:

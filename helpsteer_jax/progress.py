@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
+from helpsteer_jax import processes
 
 
 class Progress:
@@ -12,7 +12,7 @@ class Progress:
 
   def __init__(self, total: int, initial: int, desc: str, enabled: bool | None = None,
                unit: str = "step"):
-    self.enabled = jax.process_index() == 0 if enabled is None else enabled
+    self.enabled = processes.is_primary() if enabled is None else enabled
     self._bar = None
     if self.enabled:
       from tqdm.auto import tqdm

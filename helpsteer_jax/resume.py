@@ -16,10 +16,9 @@ import os
 import pathlib
 from typing import Callable, Iterable, Sequence, TypeVar
 
-import jax
 from absl import logging
 
-from helpsteer_jax import multihost
+from helpsteer_jax import multihost, processes
 from helpsteer_jax.errors import ConfigError
 
 T = TypeVar("T")
@@ -69,7 +68,7 @@ class RowWriter:
   """Appends JSON rows to `path` on process 0, flushed and fsynced per `write`."""
 
   def __init__(self, path: pathlib.Path):
-    self._file = open(path, "a", encoding="utf-8") if jax.process_index() == 0 else None
+    self._file = open(path, "a", encoding="utf-8") if processes.is_primary() else None
 
   def write(self, rows: Iterable[dict]) -> None:
     if self._file is None:

@@ -12,7 +12,7 @@ from absl import logging
 from flax import nnx
 from jax.sharding import Mesh
 
-from helpsteer_jax import config_base
+from helpsteer_jax import config_base, processes
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import builder
@@ -95,7 +95,7 @@ def tokenizer_dir(config: ml_collections.ConfigDict, workdir: str | pathlib.Path
     return config.model.hf_path
   from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
   out = pathlib.Path(workdir) / "demo_tokenizer"
-  if jax.process_index() == 0:  # one writer; the others wait for it
+  if processes.is_primary():  # one writer; the others wait for it
     demo_tokenizer.build_demo_tokenizer(out)
   sync("demo_tokenizer")
   return str(out)
@@ -142,7 +142,7 @@ def check_free_space(path: str | pathlib.Path, needed_bytes: int, what: str) -> 
 def write_once(directory: pathlib.Path, marker: str,
                write: Callable[[pathlib.Path], object]) -> pathlib.Path:
   """Process 0 runs `write(directory)` unless `directory/marker` exists; all wait for it."""
-  if jax.process_index() == 0 and not (directory / marker).exists():
+  if processes.is_primary() and not (directory / marker).exists():
     write(directory)
   sync(f"write_once:{directory}")
   return directory

@@ -12,7 +12,7 @@ import pytest
 import transformers
 from torch_reference import needs_torch, torch
 
-from helpsteer_jax.data import demo
+from helpsteer_jax.data.demo import rows as demo
 
 from cli_utils import run_main
 from conftest import REPO_ROOT

@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from helpsteer_jax.data import demo
+from helpsteer_jax.data.demo import rows as demo
 from helpsteer_jax.data.formats.helpsteer import (
   read_helpsteer,
   read_records,

@@ -65,7 +65,7 @@ def _run(eng, requests: list[dict]) -> list[tuple[engine_lib.Update, str]]:
   queues = []
   for r in requests:
     q = queue.Queue()
-    eng.submit(engine_lib.Request(on_update=q.put, **r))
+    eng.submit(engine_lib.DecodeRequest(on_update=q.put, **r))
     queues.append(q)
   out = []
   for q in queues:
@@ -130,13 +130,13 @@ def test_cancel_frees_the_row_and_bad_sizes_are_refused(setup):
   gen, eng = setup
   ids = gen.encode(_prompt(*PROMPTS[0]))
   q = queue.Queue()
-  handle = eng.submit(engine_lib.Request(ids, 40, q.put))
+  handle = eng.submit(engine_lib.DecodeRequest(ids, 40, q.put))
   q.get(timeout=300)
   handle.cancel()
   (update, _), = _run(eng, [dict(prompt_ids=ids, max_tokens=3)])
   assert update.finish_reason == "length"
   assert eng.busy_rows == 0
   with pytest.raises(ValueError, match="exceeds the context length 96"):
-    eng.submit(engine_lib.Request(ids, 96, q.put))
+    eng.submit(engine_lib.DecodeRequest(ids, 96, q.put))
   with pytest.raises(ValueError, match="empty"):
-    eng.submit(engine_lib.Request([], 4, q.put))
+    eng.submit(engine_lib.DecodeRequest([], 4, q.put))

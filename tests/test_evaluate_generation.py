@@ -19,7 +19,7 @@ from helpsteer_jax import runtime
 from helpsteer_jax.data import template
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError, DataError
-from helpsteer_jax.eval import mt_bench_data, mt_bench_judge
+from helpsteer_jax.eval import mt_bench_data, mt_bench_grading
 from helpsteer_jax.eval.mt_bench_answers import conversation
 from helpsteer_jax.models import presets, reward_hf
 from helpsteer_jax.models.reward import reward_model
@@ -96,7 +96,7 @@ def test_mt_bench_with_llm_judge_resumes_and_reports(models, judge, tmp_path):
   assert [(j["question_id"], j["turn"]) for j in judged] == [(81, 1), (81, 2), (111, 1),
                                                             (111, 2), (91, 1)]
   scores = {(j["question_id"], j["turn"]): j["score"] for j in judged}
-  assert scores[(111, 2)] == mt_bench_judge.UNPARSED  # counted as unparsed, never a 0
+  assert scores[(111, 2)] == mt_bench_grading.UNPARSED  # counted as unparsed, never a 0
   table = json.loads((work / "mt_bench.json").read_text())["table"]
   assert table["overall"]["unparsed"] == 1 and table["overall"]["failed"] == 1
   parsed = [7, 6, 4, 9]
@@ -205,10 +205,10 @@ def test_bad_input_fails_before_generation(models, judge, tmp_path):
 
 def test_fastchat_rating_parsing():
   """FastChat's one_score_pattern, then its backup pattern; -1 when neither matches."""
-  assert mt_bench_judge.parse_rating("Good. Rating: [[7]]") == 7.0
-  assert mt_bench_judge.parse_rating("Rating: [[8.5]] and later [[2]]") == 8.5
-  assert mt_bench_judge.parse_rating("Rating: [6]") == 6.0
-  assert mt_bench_judge.parse_rating("Rating: 6/10") == mt_bench_judge.UNPARSED
+  assert mt_bench_grading.parse_rating("Good. Rating: [[7]]") == 7.0
+  assert mt_bench_grading.parse_rating("Rating: [[8.5]] and later [[2]]") == 8.5
+  assert mt_bench_grading.parse_rating("Rating: [6]") == 6.0
+  assert mt_bench_grading.parse_rating("Rating: 6/10") == mt_bench_grading.UNPARSED
 
 
 @pytest.mark.skipif(not SHARED_MT_BENCH.is_dir(),
@@ -223,7 +223,7 @@ def test_fastchat_files_give_every_grading_prompt():
   names = {}
   for q in questions:
     for turn in (1, 2):
-      r = mt_bench_judge.judge_request(q, ["ANSWER ONE", "ANSWER TWO"], turn, prompts)
+      r = mt_bench_grading.judge_request(q, ["ANSWER ONE", "ANSWER TWO"], turn, prompts)
       names.setdefault(q.category, set()).add(r.prompt_name)
       assert r.system == prompts[r.prompt_name].system_prompt
       assert ("ANSWER TWO" in r.user) == (turn == 2) and "ANSWER ONE" in r.user

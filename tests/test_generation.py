@@ -13,7 +13,8 @@ import pytest
 from flax import nnx
 
 from helpsteer_jax import config_base, sharding
-from helpsteer_jax.data import demo, template
+from helpsteer_jax.data import template
+from helpsteer_jax.data.demo import rows as demo
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError, DataError

@@ -105,3 +105,52 @@ def test_layer_parser_reads_nesting_and_shared_lines():
   assert layer_entries(doc) == [["helpsteer_jax.main"], ["helpsteer_jax.models"],
                                 ["helpsteer_jax.models.hf", "helpsteer_jax.models.rope"],
                                 ["helpsteer_jax.errors"]]
+
+
+def test_every_primary_process_check_goes_through_one_function():
+  """`processes.is_primary()` is the package's one test of "is this process 0"."""
+  direct = []
+  for path in sorted((REPO_ROOT / PACKAGE).rglob("*.py")):
+    if path.name == "processes.py":
+      continue
+    text = path.read_text()
+    for pattern in ("process_index() == 0", "process_index() != 0", "process_index() > 0"):
+      if pattern in text:
+        direct.append(f"{path.relative_to(REPO_ROOT)}: {pattern}")
+  assert not direct, "use processes.is_primary():\n" + "\n".join(direct)
+
+
+def reached(start: str) -> set[str]:
+  """Package modules loaded by importing `start`: every import followed (in functions too),
+  with the `__init__` of every package on the way."""
+  def path_of(name: str) -> pathlib.Path:
+    path = REPO_ROOT.joinpath(*name.split("."))
+    return path / "__init__.py" if (path / "__init__.py").exists() else path.with_suffix(".py")
+
+  def with_parents(name: str) -> set[str]:
+    parts = name.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+
+  seen, todo = set(), with_parents(start)
+  while todo:
+    module = todo.pop()
+    if module in seen or not path_of(module).exists():
+      continue
+    seen.add(module)
+    for target in imported_modules(path_of(module)):
+      todo |= with_parents(target) - seen
+  return seen
+
+
+# What a training task loads; lower it as modules lose imports they do not need.
+MAX_TRAINING_TASK_MODULES = {"acsft": 68, "attribute_model": 81, "dpo2d": 71}
+
+
+def test_training_tasks_load_no_evaluation_serving_or_remote_scoring():
+  for task, most in MAX_TRAINING_TASK_MODULES.items():
+    modules = reached(f"{PACKAGE}.tasks.{task}")
+    banned = sorted(m for m in modules if m.startswith((f"{PACKAGE}.eval", f"{PACKAGE}.serve"))
+                    or m in (f"{PACKAGE}.scoring.remote", f"{PACKAGE}.scoring.load"))
+    assert not banned, f"tasks.{task} loads {banned}"
+    assert len(modules) <= most, (task, len(modules), sorted(modules))
+  assert f"{PACKAGE}.eval.mt_bench_report" in reached(f"{PACKAGE}.tasks.evaluate_generation")

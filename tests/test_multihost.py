@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pytest
 
-from helpsteer_jax.data import demo
+from helpsteer_jax.data.demo import rows as demo
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 
 from cli_utils import run_main

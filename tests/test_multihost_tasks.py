@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from mt_bench_utils import JUDGE, QUESTIONS, StubJudge, write_mt_bench
 
-from helpsteer_jax.data import demo
+from helpsteer_jax.data.demo import rows as demo
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.models import builder, hf, presets
 from helpsteer_jax.scoring import reward_model

@@ -5,10 +5,13 @@ import json
 import numpy as np
 import pytest
 
-from helpsteer_jax.data import demo, formats, pipeline, records
+from helpsteer_jax.data import pipeline, records
+from helpsteer_jax.data.demo import rows as demo
 from helpsteer_jax.data.demo.tokenizer import build_demo_tokenizer
 from helpsteer_jax.data.features import rm as rm_data
+from helpsteer_jax.data.formats import helpsteer as readers
 from helpsteer_jax.data.formats import preference
+from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.data.template import DEFAULT_SYSTEM, regression_text
 from helpsteer_jax.errors import DataError
@@ -63,7 +66,7 @@ def test_bad_preference_rows_name_file_and_line(tmp_path, bad, reason):
   path = write(tmp_path / "p.jsonl", [pref(), bad, pref()])
   with pytest.raises(DataError, match=f"p.jsonl:2: .*{reason}"):
     preference.read_helpsteer2_preference(path)
-  report = formats.BadRecordReport()
+  report = BadRecordReport()
   pairs = preference.read_helpsteer2_preference(path, on_bad_record="skip", report=report)
   assert len(pairs) == 2 and report.total == 1 and f"{path}:2" in report.summary()
 
@@ -74,7 +77,7 @@ def test_a_label_score_outside_0_4_is_a_bad_row(tmp_path):
                                        "label": "helpfulness:5"}]}
   path = write(tmp_path / "c.jsonl", [conv])
   with pytest.raises(DataError, match="c.jsonl:1: .*outside 0..4"):
-    formats.read_records(path)
+    readers.read_records(path)
 
 
 def test_rewardbench_rows_and_bad_rows(tmp_path):
@@ -89,7 +92,7 @@ def test_rewardbench_rows_and_bad_rows(tmp_path):
 
 
 def test_regression_features_end_in_label_start_and_pack(tokenizer, tmp_path):
-  convs = formats.read_records(demo.write_demo_dataset(tmp_path, 12, 2))
+  convs = readers.read_records(demo.write_demo_dataset(tmp_path, 12, 2))
   feats, report = rm_data.regression_features(convs, tokenizer, seq_len=128)
   assert report.kept == 12 and report.loss_tokens == 60
   label_start = tokenizer.convert_tokens_to_ids("<extra_id_2>")

@@ -5,7 +5,7 @@ import pytest
 from scipy import stats
 
 from helpsteer_jax.data.records import ATTRIBUTES
-from helpsteer_jax.eval import rm_metrics
+from helpsteer_jax.scoring import metrics as rm_metrics
 from helpsteer_jax.scoring import rewards
 
 M = -100.0

@@ -8,7 +8,7 @@
       --config.output=/models/Llama3-70B-attribute-model-hf
 
 The output loads with `transformers.AutoModelForSequenceClassification` and is
-accepted wherever a task takes an attribute model (`--config.init.checkpoint=<dir>`).
+accepted wherever a task takes an attribute model (`--config.scorer.source=<dir>`).
 Presets: the model shapes of the evaluate_rm / annotate presets.
 """
 

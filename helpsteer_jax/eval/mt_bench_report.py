@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from helpsteer_jax.data.records import HELPSTEER_ATTRIBUTES
-from helpsteer_jax.eval.mt_bench_judge import UNPARSED
+from helpsteer_jax.eval.mt_bench_grading import UNPARSED
 
 
 def _mean(values: list[float]) -> float | None:

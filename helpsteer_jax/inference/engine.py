@@ -47,7 +47,7 @@ from helpsteer_jax.models.kv_cache import KVCache
 
 
 @dataclasses.dataclass
-class Request:
+class DecodeRequest:
   """One completion to generate. `stop_strings` end it (and are cut from the
   text) besides the engine's stop ids; `on_update(update)` is called from the
   scheduler thread with each piece of new text."""
@@ -64,7 +64,7 @@ class Request:
 class Handle:
   """A submitted request; `cancel()` frees its row at the next chunk boundary."""
 
-  def __init__(self, request: Request):
+  def __init__(self, request: DecodeRequest):
     self.request = request
     self.cancelled = False
 
@@ -80,12 +80,12 @@ class _Row:
   stream: RowStream
 
   @property
-  def request(self) -> Request:
+  def request(self) -> DecodeRequest:
     return self.handle.request
 
 
 class Engine:
-  """Serves `Request`s from a model with a fixed-shape batched KV cache.
+  """Serves `DecodeRequest`s from a model with a fixed-shape batched KV cache.
 
   `max_batch` rows, prompts + completions of at most `max_length` tokens,
   `chunk_steps` decode steps per scheduling round. `stop_ids` (EOS and
@@ -179,7 +179,7 @@ class Engine:
     self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
     self._thread.start()
 
-  def submit(self, request: Request) -> Handle:
+  def submit(self, request: DecodeRequest) -> Handle:
     """Queues `request` (checked first: ValueError if it cannot fit)."""
     self.check(len(request.prompt_ids), request.max_tokens)
     handle = Handle(request)

@@ -25,6 +25,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from helpsteer_jax import processes
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import builder, families
@@ -280,7 +281,7 @@ def write_checkpoint(model: nnx.Module, order: list[tuple[str, ParamMapping, int
   plans = [st.TensorPlan(name, m.hf_shape, np_dtype) for name, m, _ in order]
   shards = st.plan_shards(plans, max_shard_bytes)
   names = st.shard_file_names(len(shards))
-  writer = jax.process_index() == 0
+  writer = processes.is_primary()
 
   def produce(plan: st.TensorPlan) -> np.ndarray:
     m, i = sources[plan.name]

@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from helpsteer_jax import processes
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import hf
 from helpsteer_jax.models.config import ModelConfig
@@ -100,7 +101,7 @@ def save_adapters(cfg: ModelConfig, adapters: dict, out_dir: str | os.PathLike,
   tensors.update({f"{PREFIX}{k}": np.ascontiguousarray(v, np.float32)
                   for k, v in (extra_tensors or {}).items()})
   out = pathlib.Path(out_dir)
-  if jax.process_index() == 0:
+  if processes.is_primary():
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     saved = sorted({name.rsplit(".", 1)[0] for name in extra_tensors or {}}) or None

@@ -59,6 +59,7 @@ def scorer_section(**overrides) -> ml_collections.ConfigDict:
 # Keys the scoring tasks had before `config.scorer` (main.py names the new one).
 SCORING_RENAMED = {
     "init.checkpoint": "scorer.source", "init.head": "scorer.head", "model": "scorer.model",
+    "model.hf_path": "scorer.source",
     "tokenizer": "scorer.tokenizer", "score.batch_size": "scorer.batch_size",
     "score.max_len": "scorer.max_len",
     "score.pad_multiple": "removed: scoring pads to fixed length buckets (scorer.max_len)",

@@ -34,9 +34,9 @@ from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.data.template import label_string
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.eval.rm_metrics import rounded
 from helpsteer_jax.progress import Progress
 from helpsteer_jax.scoring.load import load_scorer
+from helpsteer_jax.scoring.metrics import rounded
 from helpsteer_jax.scoring.scorer import Scorer, predict
 from helpsteer_jax.tasks import setup as setup_lib
 from helpsteer_jax.tasks import summary as summary_lib

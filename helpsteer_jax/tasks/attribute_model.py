@@ -14,11 +14,10 @@ from __future__ import annotations
 import functools
 import pathlib
 
-import jax
 import ml_collections
 from absl import logging
 
-from helpsteer_jax import runtime
+from helpsteer_jax import processes, runtime
 from helpsteer_jax.data.batches import BT_BATCH, REGRESSION_BATCH, BatchSchema
 from helpsteer_jax.data.features import rm as rm_data
 from helpsteer_jax.data.formats import preference
@@ -26,10 +25,11 @@ from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.formats.task_source import load_conversations
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.eval import rm_eval, rm_report
 from helpsteer_jax.losses.bt import BT_VARIANTS, bt_loss
 from helpsteer_jax.losses.regression import regression_loss
 from helpsteer_jax.models import reward, reward_hf
+from helpsteer_jax.scoring import evaluate as rm_eval
+from helpsteer_jax.scoring import report as rm_report
 from helpsteer_jax.scoring import reward_model
 from helpsteer_jax.scoring.model import ModelScorer
 from helpsteer_jax.tasks import setup as setup_lib
@@ -152,7 +152,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   result = trainer.run()
   trainer.close()
   params = trainer.state.params
-  if jax.process_index() == 0:
+  if processes.is_primary():
     reward_model.save_head(workdir / reward_model.HEAD_FILE, params["head"])
   trained = state_lib.merge_model(parts, params)
   final, table = final_evaluation(config, trained, rt, setup.tokenizer, val_records)

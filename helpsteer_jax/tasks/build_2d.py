@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import pathlib
 
-import jax
 import ml_collections
 from absl import logging
 
+from helpsteer_jax import processes
 from helpsteer_jax.data.formats import helpsteer_2d
 from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.records import HELPSTEER_ATTRIBUTES
@@ -53,7 +53,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   summary = {"pairs": len(built), "output": str(out), "mode": config.segment_score,
              "segments": sum(len(p.chosen.segments) + len(p.rejected.segments) for p in built),
              "unscored_pairs": len(plain) - len(built), "skipped_rows": report.total}
-  if jax.process_index() == 0:
+  if processes.is_primary():
     out.parent.mkdir(parents=True, exist_ok=True)
     helpsteer_2d.write_2d(out, built, HELPSTEER_ATTRIBUTES)
   summary_lib.write_summary(workdir / "build_2d.json", summary,

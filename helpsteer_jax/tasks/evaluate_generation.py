@@ -16,17 +16,15 @@ import json
 import os
 import pathlib
 
-import jax
 import ml_collections
 
-from helpsteer_jax import multihost
+from helpsteer_jax import multihost, processes
 from helpsteer_jax.errors import ConfigError, HelpsteerError
-from helpsteer_jax.eval import mt_bench_data, mt_bench_judging, mt_bench_report
+from helpsteer_jax.eval import mt_bench_data, mt_bench_judgments, mt_bench_report
 from helpsteer_jax.eval.judge_client import JudgmentCache, OpenAIJudge
 from helpsteer_jax.eval.mt_bench_answers import answer_all
 from helpsteer_jax.inference import loading, steering
-from helpsteer_jax.scoring import remote, rewards
-from helpsteer_jax.scoring.load import load_scorer
+from helpsteer_jax.scoring import load, remote, rewards, rules
 from helpsteer_jax.tasks import setup as setup_lib
 from helpsteer_jax.tasks import summary as summary_lib
 from helpsteer_jax.tasks.generate import build_generator, sampling_config
@@ -84,7 +82,8 @@ def _check_judge(config: ml_collections.ConfigDict) -> None:
       raise ConfigError("judge.kind=attribute_model needs --config.scorer.source=<attribute_model"
                         " workdir, its HF export, or a serve URL http://host:port/v1>")
     def check_path() -> None:  # decided on process 0: every process stops or none
-      if not remote.is_url(source) and not pathlib.Path(source).exists():
+      if not (remote.is_url(source) or source == rules.DEMO_RULES or load.is_factory(source)
+              or pathlib.Path(source).exists()):
         raise ConfigError(f"scorer.source={source}: no such directory")
     multihost.on_primary(check_path)
     rewards.weight_vector(config.scorer.weights.to_dict())
@@ -107,7 +106,7 @@ def _judge(config, questions, prompts, answers, setup, workdir, model_id):
     graded = {}
 
     def grade():
-      outcome = mt_bench_judging.llm_judgments(
+      outcome = mt_bench_judgments.llm_judgments(
           questions, answers, prompts, _openai_judge(config),
           JudgmentCache(workdir / "judge_cache.jsonl"), model_id, int(config.judge.parallel))
       for f in outcome.failures[:5]:
@@ -119,11 +118,11 @@ def _judge(config, questions, prompts, answers, setup, workdir, model_id):
 
     info = multihost.on_primary(grade)
     return graded.get("rows"), info
-  scorer = load_scorer(config.scorer, setup.rt)
-  outcome = mt_bench_judging.attribute_judgments(
+  scorer = load.load_scorer(config.scorer, setup.rt)
+  outcome = mt_bench_judgments.attribute_judgments(
       questions, answers, scorer, rewards.weight_vector(config.scorer.weights.to_dict()),
       config.system, model_id, f"attribute_model:{config.scorer.source}")
-  if jax.process_index() == 0:
+  if processes.is_primary():
     _write_jsonl(workdir / "judgments.jsonl", outcome.rows)
   return outcome.rows, {"failed": 0, "asked": 0}
 
@@ -159,7 +158,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     return summary
 
   rows, info = _judge(config, questions, prompts, answers, setup, workdir, model_id)
-  if jax.process_index() == 0:
+  if processes.is_primary():
     table = mt_bench_report.score_table(rows, info["failed"])
     score_name = "reward" if config.judge.kind == "attribute_model" else "score"
     md = mt_bench_report.markdown(table, score_name)

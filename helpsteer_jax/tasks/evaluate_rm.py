@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import pathlib
 
-import jax
 import ml_collections
 from absl import logging
 
-from helpsteer_jax import multihost
+from helpsteer_jax import multihost, processes
 from helpsteer_jax.data.formats import helpsteer, preference
 from helpsteer_jax.data.formats.rows import BadRecordReport
-from helpsteer_jax.eval import rm_eval, rm_report
 from helpsteer_jax.progress import Progress
+from helpsteer_jax.scoring import evaluate as rm_eval
+from helpsteer_jax.scoring import report as rm_report
 from helpsteer_jax.scoring import rewards
 from helpsteer_jax.scoring.load import load_scorer
 from helpsteer_jax.tasks import setup as setup_lib
@@ -78,7 +78,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       report["attributes"] = result["metrics"]
       report["attributes_dropped"] = result["dropped"]
       tables.append(rm_report.attribute_table(result["metrics"]))
-      if jax.process_index() == 0:
+      if processes.is_primary():
         rm_report.plot_attributes(result["predictions"], result["labels"],
                                   workdir / "rm_attributes.png", result["metrics"])
     for name in ("helpsteer2_preference", "rewardbench"):

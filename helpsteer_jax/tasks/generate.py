@@ -25,7 +25,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from helpsteer_jax import multihost, resume, runtime
+from helpsteer_jax import multihost, processes, resume, runtime
 from helpsteer_jax.data.demo import rows as demo_rows
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import best_of_n as best_of_n_lib
@@ -139,7 +139,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   seconds = time.perf_counter() - start
   logging.info("compiled decode variants: %d", generator.sampler.compiled_variants)
   multihost.report_split("generate: rows decoded", generator.sampler.local_rows)
-  if jax.process_index() == 0:
+  if processes.is_primary():
     print(f"generate: answered {len(requests) - done} prompts in {seconds:.1f}s"
           f" ({done} already answered) -> {out_path}")
   return {"mode": "file", "prompts": len(requests), "already_written": done,

@@ -17,10 +17,9 @@ import json
 import pathlib
 import time
 
-import jax
 import ml_collections
 
-from helpsteer_jax import runtime
+from helpsteer_jax import processes, runtime
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.eval import mt_bench_data, sweep_report
 from helpsteer_jax.eval import steering_sweep as sweep_lib
@@ -91,7 +90,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   result = {"settings": len(grid), "prompts": len(prompts), "rows": len(requests),
             "distinct_inputs": distinct, "already_written": done, "seconds": seconds,
             "output": str(out_path)}
-  if jax.process_index() != 0:
+  if not processes.is_primary():
     return result
   summary = {
       "model": config.model.hf_path or config.checkpoint or config.model.preset,

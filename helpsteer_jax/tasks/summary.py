@@ -6,9 +6,10 @@ import json
 import math
 import pathlib
 
-import jax
 import ml_collections
 import numpy as np
+
+from helpsteer_jax import processes
 
 
 def _plain(x):
@@ -26,7 +27,7 @@ def _plain(x):
 
 def write_summary(path: str | pathlib.Path, summary: dict, *lines: str) -> None:
   """Process 0 writes `summary` to `path` (indented JSON) and prints `lines`."""
-  if jax.process_index() != 0:
+  if not processes.is_primary():
     return
   pathlib.Path(path).write_text(json.dumps(_plain(summary), indent=2) + "\n")
   for line in lines:

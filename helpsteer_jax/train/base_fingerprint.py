@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from helpsteer_jax import processes
 from helpsteer_jax.errors import ConfigError
 
 FILE = "base_fingerprint.json"
@@ -65,6 +66,6 @@ def check_or_record(directory: str | pathlib.Path, base: dict, resuming: bool) -
           f" ({len(diffs)} tensors differ, e.g. {'; '.join(diffs[:3])}): resume with the"
           " same model.hf_path / base_dtype, or start in a new workdir")
     return
-  if jax.process_index() == 0:
+  if processes.is_primary():
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(current, indent=1) + "\n")

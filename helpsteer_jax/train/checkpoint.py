@@ -22,6 +22,7 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
+from helpsteer_jax import processes
 from helpsteer_jax.errors import ConfigError
 
 
@@ -153,7 +154,7 @@ class Checkpointer:
     target = self.directory.parent / "corrupt_checkpoints" / str(step)
     logging.warning("checkpoint: skipping step %d in %s: %s; moved to %s, falling back to"
                     " the previous checkpoint", step, self.directory, reason, target)
-    if jax.process_index() == 0:
+    if processes.is_primary():
       target.parent.mkdir(parents=True, exist_ok=True)
       if target.exists():
         target = target.with_name(f"{step}.{len(list(target.parent.iterdir()))}")

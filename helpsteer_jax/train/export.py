@@ -5,10 +5,10 @@ from __future__ import annotations
 import pathlib
 from typing import Any, Callable
 
-import jax
 import ml_collections
 from absl import logging
 
+from helpsteer_jax import processes
 from helpsteer_jax.data import chat_template
 from helpsteer_jax.models import builder, hf, peft_adapters
 from helpsteer_jax.train import state as state_lib
@@ -31,7 +31,7 @@ def hf_exporter(workdir: pathlib.Path, tokenizer_dir: str, tokenizer: Any,
   """
 
   def with_template(out: pathlib.Path) -> None:
-    if steer is not None and jax.process_index() == 0:
+    if steer is not None and processes.is_primary():
       chat_template.export_files(steer, out, add_bos=config.data.add_bos,
                                  turn_marker=chat_template.turn_marker_id(tokenizer))
 
@@ -48,7 +48,7 @@ def hf_exporter(workdir: pathlib.Path, tokenizer_dir: str, tokenizer: Any,
           base_model=config.model.hf_path, task_type="SEQ_CLS" if head else "CAUSAL_LM",
           extra_tensors=None if head is None
           else {"score.weight": peft_adapters.host_array(head.kernel[...]).T})
-      if jax.process_index() == 0:
+      if processes.is_primary():
         hf.save_tokenizer(tokenizer_dir, adapter_dir)
       with_template(adapter_dir)
       logging.info("exported the %s's LoRA adapters to %s", what, adapter_dir)

@@ -9,6 +9,8 @@ from typing import Any, Mapping
 
 import jax
 
+from helpsteer_jax import processes
+
 # Dense bf16 peak FLOP/s per chip, from the vendors' data sheets.
 PEAK_FLOPS = {
     "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12,
@@ -38,7 +40,7 @@ class MetricsWriter:
   """Writes scalars to `metrics.jsonl` and TensorBoard (process 0 only)."""
 
   def __init__(self, workdir: str | pathlib.Path, enabled: bool | None = None):
-    self.enabled = jax.process_index() == 0 if enabled is None else enabled
+    self.enabled = processes.is_primary() if enabled is None else enabled
     self._jsonl = None
     self._tb = None
     if self.enabled:

@@ -25,7 +25,7 @@ import numpy as np
 from absl import logging
 from jax.sharding import NamedSharding
 
-from helpsteer_jax import multihost, runtime
+from helpsteer_jax import multihost, processes, runtime
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.data.batches import REFERENCE_INPUT
 from helpsteer_jax.losses.pair_logprobs import model_segment_logps
@@ -100,7 +100,7 @@ def reference_logps(parts: state_lib.ModelParts, features: Sequence[dict[str, np
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils
       out = multihost_utils.process_allgather(out, tiled=True)
-    if jax.process_index() == 0:
+    if processes.is_primary():
       part = _part(cache, start)
       np.save(part.with_suffix(".tmp.npy"), np.asarray(out)[:len(chunk)])
       part.with_suffix(".tmp.npy").replace(part)

@@ -18,7 +18,7 @@ import numpy as np
 import tqdm
 
 from helpsteer_jax.data.records import ATTRIBUTES
-from helpsteer_jax.eval import mt_bench_judge
+from helpsteer_jax.eval import mt_bench_grading
 from helpsteer_jax.eval.judge_client import JudgeError, JudgmentCache, OpenAIJudge
 from helpsteer_jax.eval.mt_bench_answers import conversation
 from helpsteer_jax.eval.mt_bench_data import JudgePrompt, Question
@@ -36,12 +36,12 @@ class Outcome:
 
 
 def _requests(questions: Sequence[Question], answers: dict[int, dict],
-              prompts: dict[str, JudgePrompt]) -> list[mt_bench_judge.JudgeRequest]:
+              prompts: dict[str, JudgePrompt]) -> list[mt_bench_grading.JudgeRequest]:
   out = []
   for q in questions:
     turns = answers[q.question_id]["choices"][0]["turns"]
     for turn in range(1, len(q.turns) + 1):
-      out.append(mt_bench_judge.judge_request(q, turns, turn, prompts))
+      out.append(mt_bench_grading.judge_request(q, turns, turn, prompts))
   return out
 
 
@@ -72,7 +72,7 @@ def llm_judgments(questions: Sequence[Question], answers: dict[int, dict],
       continue
     rows.append({"question_id": r.question_id, "category": r.category, "model": model_id,
                  "judge": [judge.model, r.prompt_name], "user_prompt": r.user,
-                 "judgment": reply, "score": mt_bench_judge.parse_rating(reply),
+                 "judgment": reply, "score": mt_bench_grading.parse_rating(reply),
                  "turn": r.turn, "tstamp": time.time()})
   failed = [{"question_id": requests[i].question_id, "turn": requests[i].turn, "error": e}
             for i, e in sorted(failures.items())]
@@ -100,5 +100,5 @@ def attribute_judgments(questions: Sequence[Question], answers: dict[int, dict],
     rows.append({"question_id": q.question_id, "category": q.category, "model": model_id,
                  "judge": [judge_name, "attributes"], "turn": turn,
                  "attributes": {a: float(v) for a, v in zip(ATTRIBUTES, p)} if scored else None,
-                 "score": float(r) if scored else mt_bench_judge.UNPARSED})
+                 "score": float(r) if scored else mt_bench_grading.UNPARSED})
   return Outcome(rows, [])

@@ -15,7 +15,7 @@ import numpy as np
 from helpsteer_jax.data.features import rm as rm_data
 from helpsteer_jax.data.formats.preference import PreferencePair
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation
-from helpsteer_jax.eval import rm_metrics
+from helpsteer_jax.scoring import metrics as rm_metrics
 from helpsteer_jax.scoring import rewards
 from helpsteer_jax.scoring.scorer import Scorer, predict
 

@@ -1,0 +1,183 @@
+"""The scoring package: one protocol, one loader, fixed length buckets.
+
+References: the regression input of NeMo-Aligner's process_to_regression_format
+(data/template.py renders it; parsing a text must give back the same text),
+the reward model scored on unpadded ids (padding to a bucket must not change a
+prediction), and JAX's own compile events (no compile after warm-up).
+"""
+
+import ml_collections
+import numpy as np
+import pytest
+
+from helpsteer_jax import runtime, task_configs
+from helpsteer_jax.data import template
+from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
+from helpsteer_jax.data.features.rm import RegressionTokenizer
+from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
+from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.models import hf, presets
+from helpsteer_jax.models.reward import reward_model
+from helpsteer_jax.scoring import load, remote, rewards, rules
+from helpsteer_jax.scoring.model import ModelScorer, length_buckets
+from helpsteer_jax.scoring.scorer import HostScorer, PrimaryScorer, predict
+from helpsteer_jax.serve.backend import CompileCounter
+
+from conftest import REPO_ROOT
+
+CONV = Conversation("Be brief.", (Turn("User", "What is 2 plus 2?"), Turn("Assistant", "4."),
+                                  Turn("User", "And 3 plus 3?"), Turn("Assistant", "It is 6.")))
+
+
+def test_a_regression_text_parses_back_to_its_conversation():
+  text = template.regression_text(CONV)
+  parsed = template.parse_regression_text(text)
+  assert [(t.role, t.text) for t in parsed.turns] == [(t.role, t.text) for t in CONV.turns]
+  assert parsed.system == CONV.system and template.regression_text(parsed) == text
+  for bad in ("no marker", text.removesuffix(template.LABEL_START),
+              template.regression_text(Conversation("", (Turn("Assistant", "hi"),)))[:-3]):
+    with pytest.raises(ValueError, match="attribute-model input"):
+      template.parse_regression_text(bad)
+  user_last = Conversation("s", (Turn("User", "q"),))
+  with pytest.raises(ValueError, match="attribute-model input"):
+    template.parse_regression_text(template.sft_text(user_last) + template.LABEL_START)
+
+
+def test_length_buckets_are_powers_of_two_up_to_max_len():
+  assert length_buckets(512) == (64, 128, 256, 512)
+  assert length_buckets(300) == (64, 128, 256, 300)
+  assert length_buckets(64) == (64,) and length_buckets(40) == (40,)
+
+
+def test_rewards_weigh_predictions_and_keep_nan():
+  preds = np.array([[1.0] * 9, [np.nan] * 9])
+  got = rewards.rewards(preds, {"helpfulness": 2.0, "verbosity": -1.0})
+  assert got[0] == pytest.approx(1.0) and np.isnan(got[1])
+  np.testing.assert_array_equal(rewards.weight_vector([1] * 9), np.ones(9))
+  with pytest.raises(ConfigError, match="one per attribute"):
+    rewards.weight_vector([1, 2])
+  assert rewards.helpsteer2_weights()["quality"] == 0.0 and len(rewards.helpsteer2_weights()) == 9
+
+
+def test_host_and_primary_scorers_check_shapes_and_count_rows():
+  host = HostScorer(rules.demo_rule_scores)
+  out = host([CONV, CONV])
+  assert out.shape == (2, len(ATTRIBUTES)) and out.dtype == np.float32
+  assert host.local_rows == 2
+  primary = PrimaryScorer(lambda convs: np.ones((len(convs), 9)))
+  np.testing.assert_array_equal(primary([CONV]), np.ones((1, 9), np.float32))
+  with pytest.raises(ConfigError, match="returned shape"):
+    HostScorer(lambda convs: np.zeros((len(convs), 5)))([CONV])
+
+  def fails(convs):
+    raise ConfigError("the server answered 503")
+  with pytest.raises(ConfigError, match="503"):
+    PrimaryScorer(fails)([CONV])
+  calls = []
+  chunked = HostScorer(lambda convs: calls.append(len(convs)) or np.zeros((len(convs), 9)))
+  assert predict([CONV] * 7, chunked, chunk=3).shape == (7, 9) and calls == [3, 3, 1]
+
+
+def test_the_remote_item_keeps_an_empty_system_prompt():
+  item = remote.reward_item(Conversation("", CONV.turns))
+  assert item["messages"][0] == {"role": "system", "content": ""}
+  assert [m["role"] for m in item["messages"]] == ["system", "user", "assistant", "user"]
+  assert item["response"] == "It is 6."
+
+
+def test_load_scorer_names_every_kind_of_source(tmp_path):
+  section = load.scorer_section()
+  with pytest.raises(ConfigError, match="scorer.source is empty"):
+    load.load_scorer(section, None)
+  section.source = "demo_rules"
+  assert isinstance(load.load_scorer(section, None), HostScorer)
+  section.source = "http://127.0.0.1:1/v1"
+  assert isinstance(load.load_scorer(section, None), PrimaryScorer)
+  section.source = "127.0.0.1:8000"  # a URL without its scheme is not a factory
+  assert not load.is_factory(section.source)
+  with pytest.raises(ConfigError, match="base URL"):
+    load.load_scorer(section, None)
+  section.source = "helpsteer_jax.scoring.rules:nope"
+  with pytest.raises(ConfigError, match="cannot be loaded"):
+    load.load_scorer(section, None)
+  section.source = str(tmp_path)  # a directory without a run
+  with pytest.raises(ConfigError, match="no tokenizer files|no Orbax checkpoint"):
+    load.load_scorer(section, runtime.setup(_mesh_config()))
+
+
+def _mesh_config():
+  config = ml_collections.ConfigDict({"mesh": {"data": 1, "fsdp": -1, "tensor": 1},
+                                      "sharding_rules": ()})
+  from helpsteer_jax import sharding
+  config.sharding_rules = tuple(sharding.DEFAULT_RULES)
+  return config
+
+
+@pytest.fixture(scope="module")
+def model_scorer(tmp_path_factory):
+  tok = hf.load_tokenizer(demo_tokenizer.build_demo_tokenizer(tmp_path_factory.mktemp("tok")))
+  model = reward_model(presets.get_preset("tiny", hidden_size=32, intermediate_size=64,
+                                          num_layers=2, num_heads=2, num_kv_heads=1), seed=3)
+  model.head.kernel[...] = np.random.default_rng(0).normal(
+      size=model.head.kernel[...].shape).astype(np.float32)
+  rt = runtime.setup(_mesh_config())
+  return ModelScorer(model, rt, RegressionTokenizer(tok, 256), batch_size=8), model
+
+
+def test_bucket_padding_does_not_change_predictions(model_scorer):
+  scorer, model = model_scorer
+  convs = [Conversation("s", (Turn("User", "q" * i), Turn("Assistant", "a " * (9 * i))))
+           for i in (1, 5, 12, 22)]
+  got = scorer(convs)
+  for conv, row in zip(convs, got):
+    ids = scorer.tok.ids(conv)
+    n = len(ids)
+    want = model.score_last(ids[None], np.arange(n)[None], np.ones((1, n), np.int32))
+    np.testing.assert_allclose(row, np.asarray(want)[0], rtol=1e-5, atol=1e-5)
+  lengths = {scorer.bucket(len(scorer.tok.ids(c))) for c in convs}
+  assert len(lengths) >= 3  # the inputs span several buckets
+
+
+def test_no_compile_after_warm_up_whatever_the_lengths(model_scorer):
+  scorer, _ = model_scorer
+  scorer.warm_up()
+  counter = CompileCounter()
+  for words in (1, 3, 9, 20, 44, 70, 100):
+    conv = Conversation("s", (Turn("User", "count"), Turn("Assistant", "w " * words)))
+    assert not np.isnan(scorer([conv] * (1 + words % 5))).any()
+  assert counter.count == 0
+  too_long = Conversation("s", (Turn("User", "q"), Turn("Assistant", "w " * 400)))
+  assert np.isnan(scorer([too_long, CONV])[0]).all()  # does not fit max_len after truncation
+
+
+def _configs_with_renamed_keys():
+  cases = []
+  for name, _, _ in task_configs.packaged_tasks():
+    path = REPO_ROOT / "configs" / f"{name}.py"
+    for old in task_configs.load(path).get("RENAMED", {}):
+      cases.append((name, old))
+  return cases
+
+
+@pytest.mark.parametrize("task,old", _configs_with_renamed_keys())
+def test_an_old_key_fails_before_anything_loads_naming_the_new_one(task, old, capsys):
+  from helpsteer_jax import main
+  renamed = task_configs.load(REPO_ROOT / "configs" / f"{task}.py")["RENAMED"]
+  key = old if renamed[old].startswith((old + ".", "removed:")) else f"{old}.x"
+  with pytest.raises(SystemExit) as exit_info:
+    main._parse_flags(["helpsteer-jax", f"--config={task}", f"--config.{key}=1"])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith(f"error: --config.{key} ")
+  new = task_configs.renamed_key(key, renamed)
+  assert ("was removed" in err[0]) if new.startswith("removed:") else (
+      err[0].endswith(f"is now --config.{new}"))
+
+
+def test_renamed_keys_map_sections_and_leave_new_keys_alone():
+  table = {"reward": "scorer", "reward.pad_multiple": "removed: buckets", "scorer": "scorer.source"}
+  assert task_configs.renamed_key("reward.model.dtype", table) == "scorer.model.dtype"
+  assert task_configs.renamed_key("reward.pad_multiple", table) == "removed: buckets"
+  assert task_configs.renamed_key("scorer", table) == "scorer.source"
+  assert task_configs.renamed_key("scorer.source", table) is None
+  assert task_configs.renamed_key("scorer.batch_size", table) is None
