@@ -62,7 +62,8 @@ def jax_worker(conn, hf_dir, head_path, mode, batch, seq, sequences, score_batch
   import jax
   import numpy as np
 
-  from helpsteer_jax import config_base, runtime
+  from helpsteer_jax import config_base, config_sections, runtime
+  from helpsteer_jax.config_sections import optimizer_config
   from helpsteer_jax.data.batches import REGRESSION_BATCH
   from helpsteer_jax.data.features.rm import RegressionTokenizer
   from helpsteer_jax.losses.regression import regression_loss
@@ -70,14 +71,13 @@ def jax_worker(conn, hf_dir, head_path, mode, batch, seq, sequences, score_batch
   from helpsteer_jax.scoring.model import ModelScorer
   from helpsteer_jax.train import loop
   from helpsteer_jax.train import state as state_lib
-  from helpsteer_jax.train.optim import optimizer_config
 
   config = config_base.base_config("bench")
   config.model = config_base.model_section("bench_100m", hf_path=hf_dir)
   config.data = config_base.data_config(packing=False)
   config.mesh = config_base.mesh_config(1, 1, 1)
-  config.init = reward_model.init_config(head=head_path)
-  config.train = loop.train_config(num_steps=1000, global_batch=batch, micro_batch=batch,
+  config.init = config_sections.init_config(head=head_path)
+  config.train = config_sections.train_config(num_steps=1000, global_batch=batch, micro_batch=batch,
                                    seq_len=seq, export_hf=False, save_every=10**9)
   config.optimizer = optimizer_config(lr=LR, b1=BETAS[0], b2=BETAS[1], weight_decay=WD,
                                       grad_clip=CLIP, schedule="constant", warmup_steps=0)

@@ -182,14 +182,13 @@ def bench_train_config(hf_dir: str, batch: int, seq: int, *, lr: float, betas, w
                        clip: float, data=None, **model_knobs):
   """The training config of the step benchmarks: bench_100m from `hf_dir` on one device,
   one micro-batch of `batch` rows per step, constant-lr AdamW, no export or saves."""
-  from helpsteer_jax import config_base
-  from helpsteer_jax.train import loop
-  from helpsteer_jax.train.optim import optimizer_config
+  from helpsteer_jax import config_base, config_sections
+  from helpsteer_jax.config_sections import optimizer_config
   config = config_base.base_config("bench")
   config.model = config_base.model_section("bench_100m", hf_path=hf_dir, **model_knobs)
   config.data = data if data is not None else config_base.data_config()
   config.mesh = config_base.mesh_config(1, 1, 1)
-  config.train = loop.train_config(num_steps=1000, global_batch=batch, micro_batch=batch,
+  config.train = config_sections.train_config(num_steps=1000, global_batch=batch, micro_batch=batch,
                                    seq_len=seq, export_hf=False, loss_chunk_size=256,
                                    save_every=10**9)
   config.optimizer = optimizer_config(lr=lr, b1=betas[0], b2=betas[1], weight_decay=weight_decay,

@@ -31,7 +31,7 @@ common.setup_cpu_process()
 
 import numpy as np  # noqa: E402
 
-from helpsteer_jax import runtime  # noqa: E402
+from helpsteer_jax import config_sections, runtime  # noqa: E402
 from helpsteer_jax.data.demo import rows as demo  # noqa: E402
 from helpsteer_jax.eval import steering_sweep as sweep_lib  # noqa: E402
 from helpsteer_jax.eval import sweep_report  # noqa: E402
@@ -80,7 +80,7 @@ def sweep(gen, prompts, batch_size: int, max_new_tokens: int) -> dict:
 
 def best_of_4(gen, prompts, max_new_tokens) -> dict:
   scorer = HostScorer(rules.demo_rule_scores)
-  weights = rewards.weight_vector(rewards.HELPSTEER2_WEIGHTS)
+  weights = rewards.weight_vector(config_sections.HELPSTEER2_WEIGHTS)
   correct_best, correct_any, correct_mean = [], [], []
   requests = [steering.make_request(p, FIXED) for p in prompts]
   results = []

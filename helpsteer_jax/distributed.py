@@ -49,15 +49,6 @@ PEER_LOST_EXIT = 75  # os.EX_TEMPFAIL: a transient failure, rerunning resumes
 _KEY = "helpsteer_jax"
 
 
-def distributed_config(**overrides) -> ml_collections.ConfigDict:
-  """The `config.distributed` section."""
-  section = ml_collections.ConfigDict(dict(
-      mode="auto", coordinator_address="", num_processes=-1, process_id=-1,
-      local_device_ids="", initialization_timeout=300, heartbeat_timeout=100))
-  section.update(overrides)
-  return section
-
-
 def cluster_detected(env: dict[str, str] | None = None) -> str:
   """The kind of multi-process environment this process runs in ("" = none)."""
   env = os.environ if env is None else env

@@ -157,6 +157,9 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
+  if any(a in _HELP for a in sys.argv[1:]):  # before JAX is probed for platforms: no JAX
+    print(task_configs.help_text(_program(sys.argv[0])))
+    sys.exit(0)
   cpu_env.reexec_with_malloc_tunables()
   platforms.skip_absent_tpu()
   # transformers serves tokenizers, configs and HF files here, never PyTorch models: its

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import ml_collections
@@ -16,8 +16,10 @@ from helpsteer_jax import config_base, processes
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import builder
+from helpsteer_jax.models import lora as lora_lib
 from helpsteer_jax.models.config import ModelConfig
 from helpsteer_jax.models.lora import LoraConfig
+from helpsteer_jax.models.presets import get_preset
 
 
 @dataclasses.dataclass
@@ -32,7 +34,7 @@ def setup(config: ml_collections.ConfigDict, devices: list | None = None) -> Run
   `devices` defaults to all devices of all processes; compile-only runs pass
   the devices of a TPU topology description.
   """
-  rules = config_base.rules_from_config(config)
+  rules = rules_from_config(config)
   mesh = sharding_lib.make_mesh((config.mesh.data, config.mesh.fsdp, config.mesh.tensor),
                                 devices)
   logging.info("mesh %s over %d %s devices (%d processes)", dict(mesh.shape),
@@ -55,8 +57,8 @@ def model_config(config: ml_collections.ConfigDict, weights: bool = True) -> Mod
                       " --config.model.hf_path=/path/to/the/HF/checkpoint/directory")
   if config.model.hf_path:
     from helpsteer_jax.models import hf
-    return config_base.build_model_config(config.model, hf.config_from_hf(config.model.hf_path))
-  return config_base.build_model_config(config.model)
+    return build_model_config(config.model, hf.config_from_hf(config.model.hf_path))
+  return build_model_config(config.model)
 
 
 def build_model(config: ml_collections.ConfigDict, rt: Runtime) -> nnx.Module:
@@ -146,3 +148,63 @@ def write_once(directory: pathlib.Path, marker: str,
     write(directory)
   sync(f"write_once:{directory}")
   return directory
+
+
+def lora_config(model: ml_collections.ConfigDict) -> LoraConfig | None:
+  """The `LoraConfig` of `config.model.lora` (None for rank 0 without an adapter).
+
+  An adapter directory brings its own settings; rank / alpha / targets given
+  as well must agree with it.
+  """
+  section = model.get("lora")
+  if section is None or (not section.rank and not section.adapter):
+    return None
+  if section.adapter:
+    from helpsteer_jax.models import peft_adapters
+    saved, _ = peft_adapters.read_config(section.adapter)
+    if section.rank and section.rank != saved.rank:
+      raise ConfigError(f"model.lora.rank={section.rank} but the adapter {section.adapter} has"
+                        f" rank {saved.rank}: drop model.lora.rank (the adapter sets it)")
+    return saved
+  return LoraConfig(rank=int(section.rank), alpha=float(section.alpha),
+                    targets=lora_lib.parse_targets(section.targets),
+                    dropout=float(section.dropout))
+
+
+def build_model_config(model: ml_collections.ConfigDict,
+                       base: ModelConfig | None = None) -> ModelConfig:
+  """`ModelConfig` from the preset (or `base`, e.g. read from an HF dir) + knobs."""
+  overrides = {
+      "dtype": model.dtype,
+      "param_dtype": model.param_dtype,
+      "remat_policy": model.remat_policy,
+      "scan_layers": model.scan_layers,
+      "attention_impl": model.attention_impl,
+      "attention_block_size": model.attention_block_size,
+  }
+  for name in config_base.SHAPE_FIELDS:
+    value = model.get(name)
+    if value is not None:
+      overrides[name] = value
+  overrides["lora"] = lora_config(model)
+  if base is not None:
+    _check_checkpoint_shape(model, base, overrides)
+    return dataclasses.replace(base, **overrides)
+  return get_preset(model.preset, **overrides)
+
+
+def _check_checkpoint_shape(model: ml_collections.ConfigDict, base: ModelConfig,
+                            overrides: dict[str, Any]) -> None:
+  """An HF checkpoint fixes the model's shape: a config that sets another is refused."""
+  conflicts = [f"model.{name}={overrides[name]} (the checkpoint has {getattr(base, name)})"
+               for name in config_base.SHAPE_FIELDS if name in overrides
+               and overrides[name] != getattr(base, name)]
+  if conflicts:
+    raise ConfigError(
+        f"{model.hf_path} fixes the model's shape, but the config sets "
+        f"{'; '.join(conflicts)}. The demo recipes set a tiny shape: start from a recipe"
+        " preset for HF weights (e.g. configs/acsft.py:smollm2_135m) or drop these settings")
+
+
+def rules_from_config(config: ml_collections.ConfigDict) -> sharding_lib.Rules:
+  return sharding_lib.normalize_rules(config.sharding_rules)

@@ -20,6 +20,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from helpsteer_jax import config_base
 from helpsteer_jax.errors import ConfigError
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -27,20 +28,7 @@ MESH_AXES = ("data", "fsdp", "tensor")
 MeshAxes = str | tuple[str, ...] | None
 Rules = tuple[tuple[str, MeshAxes], ...]
 
-DEFAULT_RULES: Rules = (
-    ("batch", ("data", "fsdp")),
-    ("length", None),
-    ("embed", "fsdp"),
-    ("vocab", "tensor"),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
-    ("head_dim", None),
-    ("mlp", "tensor"),
-    ("layers", None),
-    ("segments", None),
-    ("attributes", None),
-    ("lora_rank", None),
-)
+DEFAULT_RULES: Rules = config_base.DEFAULT_RULES
 
 
 class ShardingConfigError(ConfigError):

@@ -94,8 +94,9 @@ if __name__ == "__main__":
   from absl import app
   from ml_collections import config_flags
 
-  from helpsteer_jax import distributed as _distributed
+  from helpsteer_jax import config_base
+
   _CONFIG = config_flags.DEFINE_config_dict("config", ml_collections.ConfigDict(dict(
       hf_path="", out="", export=True, mesh=dict(data=1, fsdp=8, tensor=1),
-      distributed=_distributed.distributed_config())))
+      distributed=config_base.distributed_config())))
   app.run(main, argv=sys.argv)

@@ -18,11 +18,11 @@ import numpy as np
 import openai
 import pytest
 
+from helpsteer_jax.config_sections import DEMO_SHAPE
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.models import builder, hf, presets
 from helpsteer_jax.scoring import reward_model
-from helpsteer_jax.scoring.load import DEMO_SHAPE
 
 from conftest import REPO_ROOT
 from multiprocess import free_port

@@ -16,6 +16,7 @@ import pytest
 from mt_bench_utils import JUDGE, PROMPTS, QUESTIONS, StubJudge, write_mt_bench
 
 from helpsteer_jax import runtime
+from helpsteer_jax.config_sections import DEMO_SHAPE, HELPSTEER2_WEIGHTS
 from helpsteer_jax.data import template
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError, DataError
@@ -23,8 +24,8 @@ from helpsteer_jax.eval import mt_bench_data, mt_bench_grading
 from helpsteer_jax.eval.mt_bench_answers import conversation
 from helpsteer_jax.models import presets, reward_hf
 from helpsteer_jax.models.reward import reward_model
-from helpsteer_jax.scoring.load import DEMO_SHAPE, load_scorer
-from helpsteer_jax.scoring.rewards import HELPSTEER2_WEIGHTS, weight_vector
+from helpsteer_jax.scoring.load import load_scorer
+from helpsteer_jax.scoring.rewards import weight_vector
 from helpsteer_jax.tasks import evaluate_generation, generate
 
 from conftest import REPO_ROOT

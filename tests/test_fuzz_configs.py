@@ -14,7 +14,7 @@ import jax
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpsteer_jax import config_base, runtime
+from helpsteer_jax import config_base, config_sections, runtime
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import builder
 from helpsteer_jax.train import loop
@@ -69,7 +69,7 @@ def _check(s) -> None:
       "tiny", hidden_size=s["hidden"], intermediate_size=s["mlp"], num_layers=2,
       num_heads=s["num_heads"], num_kv_heads=s["kv_heads"], head_dim=16,
       vocab_size=s["vocab"])
-  tc = loop.train_config(global_batch=s["global_batch"], micro_batch=s["micro_batch"],
+  tc = config_sections.train_config(global_batch=s["global_batch"], micro_batch=s["micro_batch"],
                          seq_len=s["seq_len"], loss_chunk_size=s["chunk"])
   rt = runtime.setup(config)
   model_cfg = runtime.model_config(config)

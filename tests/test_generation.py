@@ -13,6 +13,7 @@ import pytest
 from flax import nnx
 
 from helpsteer_jax import config_base, sharding
+from helpsteer_jax.config_sections import scorer_section
 from helpsteer_jax.data import template
 from helpsteer_jax.data.demo import rows as demo
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
@@ -29,7 +30,7 @@ from helpsteer_jax.inference import (
 from helpsteer_jax.inference.sampling import SamplingConfig
 from helpsteer_jax.models import builder, hf, presets
 from helpsteer_jax.scoring import rewards as rewards_lib
-from helpsteer_jax.scoring.load import load_scorer, scorer_section
+from helpsteer_jax.scoring.load import load_scorer
 
 
 @pytest.fixture(scope="module")

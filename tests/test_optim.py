@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from helpsteer_jax import config_sections
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.train import optim
 
@@ -26,7 +27,7 @@ def _nemo_cosine_annealing(step, max_steps, lr, min_lr, warmup, constant):
 
 
 def test_cosine_with_constant_tail_matches_recipe():
-  opt = optim.optimizer_config(lr=6e-6, min_lr=5e-6, warmup_steps=1, constant_steps=200)
+  opt = config_sections.optimizer_config(lr=6e-6, min_lr=5e-6, warmup_steps=1, constant_steps=200)
   schedule = optim.learning_rate_schedule(opt, 800)
   values = np.array([float(schedule(s)) for s in range(800)])
   assert values[0] == pytest.approx(6e-6)
@@ -38,7 +39,7 @@ def test_cosine_with_constant_tail_matches_recipe():
 
 
 def test_warmup_is_linear_then_constant():
-  opt = optim.optimizer_config(lr=2e-6, schedule="constant", warmup_steps=10)
+  opt = config_sections.optimizer_config(lr=2e-6, schedule="constant", warmup_steps=10)
   schedule = optim.learning_rate_schedule(opt, 317)
   np.testing.assert_allclose([float(schedule(s)) for s in range(12)],
                              [2e-6 * (s + 1) / 10 for s in range(10)] + [2e-6, 2e-6], rtol=1e-6)
@@ -46,9 +47,10 @@ def test_warmup_is_linear_then_constant():
 
 def test_impossible_schedule_is_a_config_error():
   with pytest.raises(ConfigError, match="must be fewer than train.num_steps"):
-    optim.learning_rate_schedule(optim.optimizer_config(warmup_steps=50, constant_steps=60), 100)
+    optim.learning_rate_schedule(
+        config_sections.optimizer_config(warmup_steps=50, constant_steps=60), 100)
   with pytest.raises(ConfigError, match="choose one of"):
-    optim.learning_rate_schedule(optim.optimizer_config(schedule="linear"), 100)
+    optim.learning_rate_schedule(config_sections.optimizer_config(schedule="linear"), 100)
 
 
 def test_weight_decay_skips_norms_and_biases():
@@ -64,7 +66,7 @@ def test_apply_if_finite_matches_optax_and_has_no_conditional():
   import jax
   import jax.numpy as jnp
   import optax
-  opt = optim.optimizer_config(lr=1e-2, warmup_steps=0, schedule="constant")
+  opt = config_sections.optimizer_config(lr=1e-2, warmup_steps=0, schedule="constant")
   ours, _ = optim.make_optimizer(opt, 10)
   inner = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2, b1=opt.b1, b2=opt.b2,
                                                                   weight_decay=opt.weight_decay,

@@ -107,3 +107,8 @@ def test_family_infers_shapes_from_saved_parameters(name):
   shapes = {tuple(path): tuple(v.shape) for path, v in nnx.to_flat_state(state)}
   inferred = families.for_config(cfg).shape_fields(shapes)
   assert inferred == {k: getattr(cfg, k) for k in inferred}
+
+
+def test_the_config_layer_names_every_model_preset():
+  from helpsteer_jax import config_sections
+  assert config_sections.MODEL_PRESETS == tuple(presets.PRESETS)

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from helpsteer_jax import config_sections
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.scoring import metrics as rm_metrics
 from helpsteer_jax.scoring import rewards
@@ -46,10 +47,10 @@ def test_rounding_clips_to_the_score_range():
 
 def test_rewards_are_the_weighted_sum_with_the_steerlm_rm_weights():
   preds = np.arange(18, dtype=np.float64).reshape(2, 9)
-  w = rewards.weight_vector(rewards.HELPSTEER2_WEIGHTS)
+  w = rewards.weight_vector(config_sections.HELPSTEER2_WEIGHTS)
   np.testing.assert_allclose(w, [0, 0, 0, 0, 0.65, 0.8, 0.45, 0.55, -0.4])
   np.testing.assert_allclose(rewards.rewards(preds, w), preds @ w)
-  np.testing.assert_allclose(rewards.rewards(preds, rewards.HELPSTEER2_WEIGHTS), preds @ w)
+  np.testing.assert_allclose(rewards.rewards(preds, config_sections.HELPSTEER2_WEIGHTS), preds @ w)
   assert w.tolist() == [0, 0, 0, 0, 0.65, 0.8, 0.45, 0.55, -0.4]
 
 

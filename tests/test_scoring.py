@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from helpsteer_jax import runtime, task_configs
+from helpsteer_jax import config_sections, runtime, task_configs
 from helpsteer_jax.data import template
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.data.features.rm import RegressionTokenizer
@@ -56,7 +56,8 @@ def test_rewards_weigh_predictions_and_keep_nan():
   np.testing.assert_array_equal(rewards.weight_vector([1] * 9), np.ones(9))
   with pytest.raises(ConfigError, match="one per attribute"):
     rewards.weight_vector([1, 2])
-  assert rewards.helpsteer2_weights()["quality"] == 0.0 and len(rewards.helpsteer2_weights()) == 9
+  weights = config_sections.helpsteer2_weights()
+  assert weights["quality"] == 0.0 and len(weights) == 9
 
 
 def test_host_and_primary_scorers_check_shapes_and_count_rows():
@@ -86,7 +87,7 @@ def test_the_remote_item_keeps_an_empty_system_prompt():
 
 
 def test_load_scorer_names_every_kind_of_source(tmp_path):
-  section = load.scorer_section()
+  section = config_sections.scorer_section()
   with pytest.raises(ConfigError, match="scorer.source is empty"):
     load.load_scorer(section, None)
   section.source = "demo_rules"

@@ -20,6 +20,8 @@ import numpy as np
 import openai
 import pytest
 
+from helpsteer_jax import config_sections
+from helpsteer_jax.config_sections import scorer_section
 from helpsteer_jax.data import template
 from helpsteer_jax.data.features import tokenize
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
@@ -27,7 +29,7 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import steering
 from helpsteer_jax.models import hf
 from helpsteer_jax.scoring import rewards
-from helpsteer_jax.scoring.load import load_scorer, scorer_section
+from helpsteer_jax.scoring.load import load_scorer
 from helpsteer_jax.tasks import setup as setup_lib
 
 from cli_utils import run_main
@@ -246,7 +248,7 @@ def test_rewards_match_annotate_scoring_and_the_http_scorer(server):
   want = scorer(convs)
   assert not np.isnan(want).any()
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-  weights = rewards.weight_vector(rewards.HELPSTEER2_WEIGHTS)
+  weights = rewards.weight_vector(config_sections.HELPSTEER2_WEIGHTS)
   np.testing.assert_allclose([row["reward"] for row in data], want @ weights, rtol=1e-4,
                              atol=1e-4)
   custom = server.post("rewards", {"items": [{"messages": items[0][0], "response": "x"}],

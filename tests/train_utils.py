@@ -5,12 +5,12 @@ import runpy
 
 import numpy as np
 
-from helpsteer_jax import config_base, runtime
+from helpsteer_jax import config_base, config_sections, runtime
+from helpsteer_jax.config_sections import optimizer_config
 from helpsteer_jax.data.features.next_token import next_token_features
 from helpsteer_jax.losses.sft import sft_loss
 from helpsteer_jax.train import loop
 from helpsteer_jax.train import state as state_lib
-from helpsteer_jax.train.optim import optimizer_config
 
 from conftest import REPO_ROOT
 
@@ -35,7 +35,7 @@ def tiny_config(mesh=(2, 2, 2), **train):
   defaults = dict(num_steps=6, global_batch=8, micro_batch=4, seq_len=64, log_every=1,
                   eval_every=0, save_every=2, keep_checkpoints=5, export_hf=False,
                   loss_chunk_size=32, async_checkpoint=True)
-  config.train = loop.train_config(**{**defaults, **train})
+  config.train = config_sections.train_config(**{**defaults, **train})
   config.optimizer = optimizer_config(lr=3e-3, min_lr=3e-4, warmup_steps=2)
   return config
 

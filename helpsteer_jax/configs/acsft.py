@@ -12,8 +12,7 @@ Presets: the default (tiny model on the built-in demo data), `llama2_70b`
 """
 
 from helpsteer_jax import config_base
-from helpsteer_jax.train.loop import train_config
-from helpsteer_jax.train.optim import optimizer_config
+from helpsteer_jax.config_sections import optimizer_config, train_config
 
 PRESETS = ("demo", "llama2_70b", "llama3_70b", "llama3_8b", "smollm2_135m")
 

@@ -17,7 +17,7 @@ only the rest are appended.
 """
 
 from helpsteer_jax import config_base
-from helpsteer_jax.scoring.load import (
+from helpsteer_jax.config_sections import (
   ATTRIBUTE_MODEL_RUN,
   SCORING_PRESETS,
   SCORING_RENAMED,

@@ -17,9 +17,7 @@ Presets: the default (tiny model on the built-in demo data), `llama3_70b_helpste
 """
 
 from helpsteer_jax import config_base
-from helpsteer_jax.scoring.reward_model import init_config
-from helpsteer_jax.train.loop import train_config
-from helpsteer_jax.train.optim import optimizer_config
+from helpsteer_jax.config_sections import init_config, optimizer_config, train_config
 
 PRESETS = ("demo", "llama3_70b_helpsteer2", "llama2_13b_helpsteer", "llama3_1_70b_scaled_bt")
 RENAMED = {"score.batch_size": "eval_batch_size",

@@ -19,7 +19,7 @@ scoring/load.py).
 import ml_collections
 
 from helpsteer_jax import config_base
-from helpsteer_jax.scoring.load import (
+from helpsteer_jax.config_sections import (
   ATTRIBUTE_MODEL_RUN,
   SCORING_PRESETS,
   SCORING_RENAMED,

@@ -17,8 +17,7 @@ dpo1d_segment, dpo1d_aspect.
 import ml_collections
 
 from helpsteer_jax import config_base
-from helpsteer_jax.train.loop import train_config
-from helpsteer_jax.train.optim import optimizer_config
+from helpsteer_jax.config_sections import optimizer_config, train_config
 
 PRESETS = ("demo", "qwen2_7b", "llama3_8b", "llama3_70b")
 

@@ -22,9 +22,7 @@ Presets: as configs/generate.py (default: the demo AC-SFT run's `tiny` model).
 
 import ml_collections
 
-from helpsteer_jax.inference.generation_config import PRESETS as GENERATION_PRESETS
-from helpsteer_jax.inference.generation_config import generation_config
-from helpsteer_jax.scoring.load import scorer_section
+from helpsteer_jax.config_sections import GENERATION_PRESETS, generation_config, scorer_section
 
 PRESETS = GENERATION_PRESETS
 RENAMED = {"judge.scorer": "scorer.source", "judge.batch_size": "scorer.batch_size",

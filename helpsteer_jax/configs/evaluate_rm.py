@@ -18,7 +18,7 @@ others 0).
 """
 
 from helpsteer_jax import config_base
-from helpsteer_jax.scoring.load import (
+from helpsteer_jax.config_sections import (
   ATTRIBUTE_MODEL_RUN,
   SCORING_PRESETS,
   SCORING_RENAMED,

@@ -13,8 +13,7 @@ Presets: the model shapes of the evaluate_rm / annotate presets.
 """
 
 from helpsteer_jax import config_base
-from helpsteer_jax.scoring.load import SCORING_PRESETS, scoring_preset
-from helpsteer_jax.scoring.reward_model import init_config
+from helpsteer_jax.config_sections import SCORING_PRESETS, init_config, scoring_preset
 
 PRESETS = SCORING_PRESETS
 

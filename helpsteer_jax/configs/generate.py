@@ -27,9 +27,7 @@ NeMo's SteerLM models; `--config.steer_attributes` overrides.
 
 import ml_collections
 
-from helpsteer_jax.inference.generation_config import PRESETS as GENERATION_PRESETS
-from helpsteer_jax.inference.generation_config import generation_config
-from helpsteer_jax.scoring.load import scorer_section
+from helpsteer_jax.config_sections import GENERATION_PRESETS, generation_config, scorer_section
 
 PRESETS = GENERATION_PRESETS
 RENAMED = {"best_of_n.scorer": "scorer.source", "best_of_n.scorer_path": "scorer.source",

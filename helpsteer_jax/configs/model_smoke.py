@@ -6,9 +6,9 @@
 """
 
 from helpsteer_jax import config_base
-from helpsteer_jax.models import presets as model_presets
+from helpsteer_jax.config_sections import MODEL_PRESETS
 
-PRESETS = tuple(model_presets.PRESETS)  # any model preset; the default is tiny
+PRESETS = MODEL_PRESETS  # any model preset; the default is tiny
 
 
 def get_config(preset: str = "tiny"):

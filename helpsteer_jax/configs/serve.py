@@ -17,10 +17,12 @@ with the five HelpSteer attributes), `llama2_70b`, `llama3_70b`, `llama3_8b`,
 import ml_collections
 
 from helpsteer_jax import config_base
-from helpsteer_jax.data.template import DEFAULT_SYSTEM
-from helpsteer_jax.inference import steering
-from helpsteer_jax.inference.generator import DEFAULT_STOP_STRINGS
-from helpsteer_jax.scoring.load import scorer_section
+from helpsteer_jax.config_sections import (
+  DEFAULT_STOP_STRINGS,
+  DEFAULT_SYSTEM,
+  scorer_section,
+  steer_config,
+)
 
 PRESETS = ("demo", "llama2_70b", "llama3_70b", "llama3_8b", "smollm2_135m")
 RENAMED = {"reward.checkpoint": "scorer.source", "reward.model.hf_path": "scorer.source",
@@ -38,7 +40,7 @@ def get_config(preset: str = ""):
   config.stop_strings = tuple(DEFAULT_STOP_STRINGS)
   # Request defaults (OpenAI's: temperature 1, top_p 1); temperature 0 is greedy.
   config.sampling = ml_collections.ConfigDict(dict(temperature=1.0, top_p=1.0))
-  config.steer = steering.steer_config()
+  config.steer = steer_config()
   config.steer_attributes = ""  # "": the model export's (else all nine); or a list
   config.mesh = config_base.mesh_config(data=1, fsdp=1, tensor=-1)
   config.serve = ml_collections.ConfigDict(dict(

@@ -22,7 +22,7 @@ import runpy
 
 import ml_collections
 
-from helpsteer_jax.inference.generation_config import PRESETS as GENERATION_PRESETS
+from helpsteer_jax.config_sections import GENERATION_PRESETS
 
 PRESETS = GENERATION_PRESETS  # generate's
 RENAMED = {"scorer": "scorer.source"}

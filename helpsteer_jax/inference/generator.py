@@ -13,13 +13,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
+from helpsteer_jax.config_sections import DEFAULT_STOP_STRINGS
 from helpsteer_jax.data import template
 from helpsteer_jax.data.features import tokenize
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import decode
 from helpsteer_jax.inference.sampling import SamplingConfig
-
-DEFAULT_STOP_STRINGS = (template.TURN_START,)
 
 
 @dataclasses.dataclass

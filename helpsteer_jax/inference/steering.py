@@ -31,14 +31,6 @@ ATTRIBUTE_SETS = {"all": ATTRIBUTES, "helpsteer": HELPSTEER_ATTRIBUTES}
 _ROW_KEYS = ("prompt", "attributes", "system")
 
 
-def steer_config(**overrides: int) -> ml_collections.ConfigDict:
-  """The `config.steer` section: one 0..4 value per attribute, unset (None) by default."""
-  fields = {name: ml_collections.config_dict.placeholder(int) for name in ATTRIBUTES}
-  section = ml_collections.ConfigDict(fields)
-  section.update(overrides)
-  return section
-
-
 def attribute_names(spec: str) -> tuple[str, ...]:
   """"all", "helpsteer" or a comma-separated list of attribute names."""
   if spec in ATTRIBUTE_SETS:

@@ -24,49 +24,13 @@ import pathlib
 
 import ml_collections
 
-from helpsteer_jax import config_base, runtime, saved_params
+from helpsteer_jax import runtime, saved_params
 from helpsteer_jax.data.features.rm import RegressionTokenizer
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import hf, reward_hf
-from helpsteer_jax.scoring import remote, reward_model, rewards, rules
+from helpsteer_jax.scoring import remote, reward_model, rules
 from helpsteer_jax.scoring.model import ModelScorer
 from helpsteer_jax.scoring.scorer import HostScorer, PrimaryScorer, Scorer
-
-ATTRIBUTE_MODEL_RUN = "workdir/attribute_model"  # where the default attribute_model run writes
-# The demo attribute model's shape (configs/attribute_model.py's default run).
-DEMO_SHAPE = dict(hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
-                  num_kv_heads=2)
-
-
-def scorer_section(**overrides) -> ml_collections.ConfigDict:
-  """`config.scorer`: the attribute model a task scores with (see `load_scorer`)."""
-  section = ml_collections.ConfigDict(dict(
-      source="",        # a run, an HF reward dir, a server URL, demo_rules or module:function
-      head="",          # with an HF causal-LM directory as the source: its head.npz
-      # the family and numerics (a preset's); the shapes are the source's own
-      model=config_base.model_section("tiny"),
-      tokenizer="",     # "" = the source's (an HF directory's, a run's hf/ or demo tokenizer)
-      batch_size=16,    # rows per compiled scoring batch (a server: texts per request)
-      max_len=4096,     # longest input in tokens (the largest compiled length)
-      truncation="truncate_left",  # or "drop": a longer input is not scored (NaN)
-      add_bos=True,
-      weights=ml_collections.ConfigDict(rewards.helpsteer2_weights())))
-  for key, value in overrides.items():
-    section[key] = value
-  return section
-
-
-# Keys the scoring tasks had before `config.scorer` (main.py names the new one).
-SCORING_RENAMED = {
-    "init.checkpoint": "scorer.source", "init.head": "scorer.head", "model": "scorer.model",
-    "model.hf_path": "scorer.source",
-    "tokenizer": "scorer.tokenizer", "score.batch_size": "scorer.batch_size",
-    "score.max_len": "scorer.max_len",
-    "score.pad_multiple": "removed: scoring pads to fixed length buckets (scorer.max_len)",
-    "scorer.factory": "scorer.source", "scorer.checkpoint": "scorer.source",
-    "scorer.batch": "scorer.batch_size", "data.truncation": "scorer.truncation",
-    "data.add_bos": "scorer.add_bos",
-}
 
 
 def is_factory(source: str) -> bool:
@@ -139,30 +103,3 @@ def load_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime | None,
   return model_scorer(section, rt, key)
 
 
-SCORING_PRESETS = ("demo", "llama3_70b", "llama3_1_70b", "llama2_13b")
-
-
-def scoring_preset(config: ml_collections.ConfigDict, preset: str) -> ml_collections.ConfigDict:
-  """The attribute model's shape, the mesh and the scoring batch of the presets of the tasks
-  that score with it (annotate, build_2d, evaluate_rm) or convert it (export_rm: `model`).
-
-  The demo uses the attribute-model demo's shape (so the demo workdir loads).
-  """
-  model = "scorer" if "scorer" in config else "model"
-  if preset in ("", "demo"):
-    if model == "scorer":  # the demo run's shapes are read from it
-      config.scorer.model = config_base.model_section("tiny")
-      config.scorer.max_len = 256
-    else:
-      config.model = config_base.model_section("tiny", **DEMO_SHAPE)
-    return config
-  if preset in SCORING_PRESETS:
-    section = config_base.model_section(preset, dtype="bfloat16", param_dtype="float32")
-    if model == "scorer":
-      config.scorer.model = section
-      config.scorer.batch_size = 8
-    else:
-      config.model = section
-    config.mesh = config_base.mesh_config(data=1, fsdp=-1, tensor=1)
-    return config
-  raise config_base.unknown_preset(config.task, preset, SCORING_PRESETS)

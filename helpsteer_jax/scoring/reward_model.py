@@ -25,18 +25,11 @@ from flax import nnx
 
 from helpsteer_jax import config_base, runtime, saved_params
 from helpsteer_jax import sharding as sharding_lib
+from helpsteer_jax.config_sections import init_config
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import builder, families, reward_hf
 from helpsteer_jax.models.reward import RewardModel, reward_model
-
-
-def init_config(**overrides) -> ml_collections.ConfigDict:
-  """The `config.init` section."""
-  cfg = ml_collections.ConfigDict(dict(checkpoint="", head="auto"))
-  cfg.update(overrides)
-  return cfg
-
 
 HEAD_FILE = "head.npz"
 

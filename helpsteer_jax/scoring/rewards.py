@@ -9,11 +9,6 @@ import numpy as np
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
 
-# HelpSteer2's reward (Llama3-70B-SteerLM-RM): helpfulness, correctness, coherence and
-# complexity count for, verbosity against; the OpenAssistant attributes not at all.
-HELPSTEER2_WEIGHTS = {"helpfulness": 0.65, "correctness": 0.8, "coherence": 0.45,
-                      "complexity": 0.55, "verbosity": -0.4}
-
 
 def weight_vector(weights: Mapping[str, float] | Sequence[float]) -> np.ndarray:
   """[9] float64 weights in `ATTRIBUTES` order from name -> weight (missing names weigh 0)
@@ -29,11 +24,6 @@ def weight_vector(weights: Mapping[str, float] | Sequence[float]) -> np.ndarray:
     raise ConfigError(f"reward weights name unknown attribute(s) {unknown}; known:"
                       f" {', '.join(ATTRIBUTES)}")
   return np.asarray([float(weights.get(name, 0.0)) for name in ATTRIBUTES], np.float64)
-
-
-def helpsteer2_weights() -> dict[str, float]:
-  """HelpSteer2's weights for all nine attributes (a config section's default)."""
-  return {name: HELPSTEER2_WEIGHTS.get(name, 0.0) for name in ATTRIBUTES}
 
 
 def rewards(preds: np.ndarray, weights: Mapping[str, float] | Sequence[float]) -> np.ndarray:

@@ -45,18 +45,6 @@ from helpsteer_jax.train import state as state_lib
 LossFn = Callable[[nnx.Module, dict[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]]
 
 
-def train_config(**overrides: Any) -> ml_collections.ConfigDict:
-  """The `config.train` section."""
-  cfg = ml_collections.ConfigDict(dict(
-      num_steps=100, global_batch=8, micro_batch=8, seq_len=512,
-      log_every=10, eval_every=50, eval_batches=0, save_every=50,
-      keep_checkpoints=2, async_checkpoint=True, peak_flops=0.0,
-      cpu_peak_gflops=190.0, export_hf=True, export_merged=False, export_dtype="bfloat16",
-      loss_chunk_size=256, max_consecutive_nonfinite=8))
-  cfg.update(overrides)
-  return cfg
-
-
 @dataclasses.dataclass
 class RunResult:
   status: str                # "finished" | "preempted" | "stopped"

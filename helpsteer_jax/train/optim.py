@@ -103,12 +103,3 @@ def make_optimizer(opt: ml_collections.ConfigDict,
                            weight_decay=opt.weight_decay, mask=_decay_mask))
   chain = optax.chain(*parts)
   return apply_if_finite(chain, max_consecutive_errors=np.iinfo(np.int32).max), schedule
-
-
-def optimizer_config(**overrides: Any) -> ml_collections.ConfigDict:
-  """The `config.optimizer` section (NeMo-Aligner SFT defaults)."""
-  cfg = ml_collections.ConfigDict(dict(
-      lr=1e-4, min_lr=1e-5, schedule="cosine", warmup_steps=10, constant_steps=0,
-      weight_decay=0.01, b1=0.9, b2=0.98, eps=1e-8, grad_clip=1.0))
-  cfg.update(overrides)
-  return cfg
