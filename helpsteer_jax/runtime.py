@@ -12,7 +12,7 @@ from absl import logging
 from flax import nnx
 from jax.sharding import Mesh
 
-from helpsteer_jax import config_base, processes
+from helpsteer_jax import config_base, processes, saved_params
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import builder
@@ -89,18 +89,36 @@ def attach_adapters(config: ml_collections.ConfigDict, model: nnx.Module, rt: Ru
                                base_dtype=section.base_dtype or None, adapters=adapters)
 
 
-def tokenizer_dir(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> str:
-  """`config.tokenizer`, else the model's HF directory, else the demo tokenizer."""
-  if config.tokenizer:
-    return config.tokenizer
-  if config.model.hf_path:
-    return config.model.hf_path
+def find_tokenizer(explicit: str = "", hf_dir: str = "", run: str = "",
+                   workdir: str | pathlib.Path | None = None, key: str = "tokenizer") -> str:
+  """The one rule for the tokenizer directory of a model: `explicit` (the config's setting),
+  else the HF directory its weights come from, else the training run's (its `hf/` export
+  or its demo tokenizer), else the demo tokenizer, written under `workdir` (when given).
+  `key` names the setting in the error when none applies."""
+  if explicit:
+    return explicit
+  if hf_dir:
+    return hf_dir
+  if run:
+    found = saved_params.run_tokenizer_dir(run)
+    if found is not None:
+      return str(found)
+  if workdir is None:
+    raise ConfigError(f"{run}: the run has no tokenizer files (no {saved_params.HF_EXPORT}/ or"
+                      f" {saved_params.DEMO_TOKENIZER}/); set --config.{key}")
   from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
-  out = pathlib.Path(workdir) / "demo_tokenizer"
+  out = pathlib.Path(workdir) / saved_params.DEMO_TOKENIZER
   if processes.is_primary():  # one writer; the others wait for it
     demo_tokenizer.build_demo_tokenizer(out)
   sync("demo_tokenizer")
   return str(out)
+
+
+def tokenizer_dir(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> str:
+  """`find_tokenizer` for the model of `config` (`tokenizer`, `model.hf_path`, and the run
+  of `checkpoint` where the task has one)."""
+  return find_tokenizer(config.tokenizer, config.model.hf_path, config.get("checkpoint", ""),
+                        workdir)
 
 
 def sync(name: str) -> None:

@@ -60,20 +60,11 @@ def load_model(config: ml_collections.ConfigDict, rt: runtime.Runtime) -> nnx.Mo
 def load_with_tokenizer(config: ml_collections.ConfigDict, rt: runtime.Runtime,
                         workdir: str | pathlib.Path) -> tuple[nnx.Module, Any, int]:
   """(`load_model`'s model, its tokenizer checked against it, the pad id: 0 when none)."""
-  tokenizer = hf.load_tokenizer(tokenizer_dir(config, workdir))
+  tokenizer = hf.load_tokenizer(runtime.tokenizer_dir(config, workdir))
   model = load_model(config, rt)
   runtime.check_tokenizer_fits(tokenizer, model.cfg.vocab_size, "use the training run's tokenizer")
   pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
   return model, tokenizer, int(pad)
-
-
-def tokenizer_dir(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> str:
-  """`config.tokenizer`, the HF directory's, the training workdir's, or the demo one."""
-  if not config.tokenizer and not config.model.hf_path and config.checkpoint:
-    found = saved_params.run_tokenizer_dir(config.checkpoint)
-    if found is not None:
-      return str(found)
-  return runtime.tokenizer_dir(config, workdir)
 
 
 def steer_spec(config: ml_collections.ConfigDict) -> chat_template.SteerSpec | None:

@@ -24,7 +24,7 @@ import pathlib
 
 import ml_collections
 
-from helpsteer_jax import runtime, saved_params
+from helpsteer_jax import runtime
 from helpsteer_jax.data.features.rm import RegressionTokenizer
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import hf, reward_hf
@@ -51,18 +51,11 @@ def _factory(section: ml_collections.ConfigDict, key: str):
 
 
 def tokenizer_dir(section: ml_collections.ConfigDict, key: str) -> str:
-  """`scorer.tokenizer`, else the HF source's, else the run's (its hf/ or demo tokenizer)."""
-  if section.tokenizer:
-    return section.tokenizer
+  """`runtime.find_tokenizer` for the attribute model of a scorer section."""
   source = pathlib.Path(section.source).expanduser()
-  if section.head or reward_hf.is_reward_dir(source):
-    return str(source)
-  found = saved_params.run_tokenizer_dir(source)
-  if found is None:
-    raise ConfigError(f"{key}={section.source}: the run has no tokenizer files (no"
-                      f" {saved_params.HF_EXPORT}/ or {saved_params.DEMO_TOKENIZER}/); set"
-                      " --config.scorer.tokenizer")
-  return str(found)
+  hf_dir = str(source) if section.head or reward_hf.is_reward_dir(source) else ""
+  return runtime.find_tokenizer(section.tokenizer, hf_dir, "" if hf_dir else str(source),
+                                key=key.rsplit(".", 1)[0] + ".tokenizer")
 
 
 def model_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime,
