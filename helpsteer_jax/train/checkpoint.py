@@ -177,18 +177,6 @@ class Checkpointer:
     self.manager.close()
 
 
-def find_checkpoint(path: str | pathlib.Path) -> tuple[pathlib.Path, int]:
-  """(checkpoints directory, latest step) from a task's workdir or its `checkpoints`."""
-  path = pathlib.Path(path).expanduser().absolute()
-  for directory in (path / "checkpoints", path):
-    if directory.is_dir():
-      steps = ocp.utils.checkpoint_steps(directory)
-      if steps:
-        return directory, max(steps)
-  raise ConfigError(f"no Orbax checkpoint in {path} (expected <workdir>/checkpoints/<step>"
-                    " written by a training task); train one first or fix the path")
-
-
 def _state_path(directory: pathlib.Path, step: int) -> pathlib.Path:
   return directory / str(step) / "state"
 
@@ -200,75 +188,3 @@ def _saved_state_metadata(directory: pathlib.Path, step: int) -> Any:
 def _array_shapes(tree: Any) -> list[tuple[int, ...]]:
   """Sorted leaf shapes: compares a saved tree with a target whatever its containers."""
   return sorted(tuple(x.shape) for x in jax.tree.leaves(tree) if hasattr(x, "shape"))
-
-
-def params_metadata(directory: pathlib.Path, step: int) -> Any:
-  """The saved `params` tree of a train-state checkpoint, as array metadata."""
-  return _saved_state_metadata(directory, step)["params"]
-
-
-def _params_manager(directory: pathlib.Path) -> ocp.CheckpointManager:
-  return ocp.CheckpointManager(
-      directory, item_names=("state", "data"),
-      item_handlers={"state": ocp.PyTreeCheckpointHandler(),
-                     "data": _IteratorHandler()})
-
-
-def _resolve_step(manager: ocp.CheckpointManager, directory, step: int | None) -> int:
-  from helpsteer_jax.errors import ConfigError
-  steps = list(manager.all_steps())
-  chosen = manager.latest_step() if step is None or step < 0 else step
-  if chosen is None or chosen not in steps:
-    raise ConfigError(f"no checkpoint{'' if step is None or step < 0 else f' of step {step}'}"
-                      f" in {directory} (steps: {steps})")
-  return chosen
-
-
-def param_shapes(directory: str | pathlib.Path, step: int | None = None
-                 ) -> tuple[dict[tuple[str, ...], tuple[int, ...]], int]:
-  """Shapes of the saved model parameters by path (from metadata), and the step."""
-  directory = pathlib.Path(directory).absolute()
-  manager = _params_manager(directory)
-  try:
-    step = _resolve_step(manager, directory, step)
-    saved = manager.item_metadata(step)["state"]["params"]
-  finally:
-    manager.close()
-  leaves = jax.tree_util.tree_leaves_with_path(saved, is_leaf=lambda x: hasattr(x, "shape"))
-  return {tuple(k.key for k in path): tuple(m.shape) for path, m in leaves}, step
-
-
-def restore_params(directory: str | pathlib.Path, abstract_params: Any,
-                   step: int | None = None) -> tuple[Any, int]:
-  """Only the model parameters of a training checkpoint (any task), and its step.
-
-  `abstract_params` is a tree of ShapeDtypeStructs with shardings (the
-  restore target: Orbax reads each shard onto its device, casting to the
-  target dtype). Shapes are checked against the checkpoint first, so a
-  model config that differs from the training run's names the parameter.
-  """
-  from helpsteer_jax.errors import ConfigError
-  directory = pathlib.Path(directory).absolute()
-  saved, step = param_shapes(directory, step)
-  for path, want in jax.tree_util.tree_leaves_with_path(abstract_params):
-    key = tuple(k.key for k in path)
-    name = "/".join(key)
-    if key not in saved:
-      raise ConfigError(f"checkpoint {directory}/{step} has no parameter {name}: use the"
-                        " model config of the training run")
-    if saved[key] != tuple(want.shape):
-      raise ConfigError(
-          f"checkpoint {directory}/{step}: parameter {name} has shape {saved[key]} but the"
-          f" model config gives {tuple(want.shape)}; pass the same --config.model.*"
-          " (preset and shape) as the training run")
-  target = {"params": abstract_params}
-  args = ocp.args.PyTreeRestore(
-      item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-      partial_restore=True)
-  manager = _params_manager(directory)
-  try:
-    restored = manager.restore(step, args=ocp.args.Composite(state=args))
-  finally:
-    manager.close()
-  logging.info("checkpoint: restored the parameters of step %d from %s", step, directory)
-  return restored["state"]["params"], step
