@@ -18,7 +18,7 @@ from task_configs import TINY_SHAPE, short_config
 from torch_reference import needs_peft, peft
 
 from helpsteer_jax import runtime
-from helpsteer_jax.config_base import _SHAPE_FIELDS
+from helpsteer_jax.config_base import SHAPE_FIELDS
 from helpsteer_jax.data import chat_template
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.data.records import ATTRIBUTES
@@ -41,7 +41,7 @@ def base_dir(tmp_path_factory):
 
 def _on_base(cfg, base_dir, rank=4):
   cfg.model.hf_path = str(base_dir)
-  for name in _SHAPE_FIELDS:
+  for name in SHAPE_FIELDS:
     cfg.model[name] = None
   cfg.model.lora.update(rank=rank, alpha=2.0 * rank)
   cfg.train.update(num_steps=6, export_merged=True)
