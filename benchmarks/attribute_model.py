@@ -73,10 +73,10 @@ def jax_worker(conn, hf_dir, head_path, mode, batch, seq, sequences, score_batch
   from helpsteer_jax.train import state as state_lib
 
   config = config_base.base_config("bench")
-  config.model = config_base.model_section("bench_100m", hf_path=hf_dir)
+  config.model = config_base.model_section("bench_100m")
   config.data = config_base.data_config(packing=False)
   config.mesh = config_base.mesh_config(1, 1, 1)
-  config.init = config_sections.init_config(head=head_path)
+  config.init = config_sections.init_config(hf_path=hf_dir, head=head_path)
   config.train = config_sections.train_config(num_steps=1000, global_batch=batch, micro_batch=batch,
                                    seq_len=seq, export_hf=False, save_every=10**9)
   config.optimizer = optimizer_config(lr=LR, b1=BETAS[0], b2=BETAS[1], weight_decay=WD,

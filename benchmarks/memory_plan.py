@@ -78,8 +78,8 @@ def cell_config(recipe: Recipe, chips: int, per_device: int, remat: str, layers:
   from helpsteer_jax import config_base
   config = runpy.run_path(str(REPO / "configs" / f"{recipe.config}.py"))["get_config"](
       recipe.preset)
-  config.model.update(remat_policy=remat, attention_impl="splash", attention_block_size=512,
-                      hf_path="")
+  config.model.update(remat_policy=remat, attention_impl="splash", attention_block_size=512)
+  config.init.hf_path = ""
   if layers:
     config.model.num_layers = layers
   if recipe.lora:  # the reference of 2D-DPO: the policy with its adapters off

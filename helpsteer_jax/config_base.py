@@ -52,7 +52,6 @@ def model_section(preset: str = "tiny", **knobs: Any) -> ml_collections.ConfigDi
   """The `config.model` section: a preset or an HF directory, plus knobs."""
   section = ml_collections.ConfigDict()
   section.preset = preset
-  section.hf_path = ""  # a local HF directory (or hub id) to import weights from
   section.dtype = "float32"
   section.param_dtype = "float32"
   section.remat_policy = "none"
@@ -64,6 +63,21 @@ def model_section(preset: str = "tiny", **knobs: Any) -> ml_collections.ConfigDi
   section.lora = lora_section()
   section.update(knobs)
   return section
+
+
+def init_section(**overrides: Any) -> ml_collections.ConfigDict:
+  """`config.init`: where the weights of the task's model come from (none: random init)."""
+  section = ml_collections.ConfigDict(dict(
+      hf_path="",     # an HF directory (or hub id) to import; its config.json fixes the shape
+      checkpoint="",  # a training workdir or its checkpoints/ (Orbax; any task's run)
+      step=-1))       # the checkpoint's step; -1 = the latest
+  section.update(overrides)
+  return section
+
+
+# The keys `config.init` replaced (main.py names the new one when an old one is given).
+INIT_RENAMED = {"model.hf_path": "init.hf_path", "model.init_checkpoint": "init.checkpoint",
+                "checkpoint": "init.checkpoint", "checkpoint_step": "init.step"}
 
 
 def lora_section(**overrides: Any) -> ml_collections.ConfigDict:
@@ -119,6 +133,7 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   config.task = task
   config.seed = 0
   config.model = model_section()
+  config.init = init_section()
   config.mesh = mesh_config()
   config.sharding_rules = DEFAULT_RULES
   config.tokenizer = ""  # HF tokenizer directory; "" = the model's or the demo one

@@ -62,10 +62,8 @@ def optimizer_config(**overrides: Any) -> ml_collections.ConfigDict:
 
 
 def init_config(**overrides) -> ml_collections.ConfigDict:
-  """The `config.init` section of the tasks that train or export the attribute model."""
-  section = ml_collections.ConfigDict(dict(checkpoint="", head="auto"))
-  section.update(overrides)
-  return section
+  """`config.init` of the tasks that train or export the attribute model: also the head."""
+  return config_base.init_section(**{"head": "auto", **overrides})
 
 
 # ---------------------------------------------------------------- generation
@@ -90,8 +88,6 @@ def generation_config(task: str, preset: str = "") -> ml_collections.ConfigDict:
   tensor-parallel over every device.
   """
   config = config_base.base_config(task)
-  config.checkpoint = ""       # a training workdir or its checkpoints/ (Orbax)
-  config.checkpoint_step = -1  # -1 = the latest
   config.system = DEFAULT_SYSTEM
   config.batch_size = 16
   config.max_new_tokens = 128

@@ -47,29 +47,30 @@ def setup(config: ml_collections.ConfigDict, devices: list | None = None) -> Run
 
 
 def model_config(config: ml_collections.ConfigDict, weights: bool = True) -> ModelConfig:
-  """The model config: from `model.hf_path`'s config.json or the preset.
+  """The model config: from `init.hf_path`'s config.json or the preset.
 
   With `weights=False` (compile-only runs) a recipe that trains published
   weights falls back to the preset's shapes when no HF directory is given.
   """
-  if weights and config.get("require_hf_path") and not config.model.hf_path:
+  if weights and config.get("require_hf_path") and not config.init.hf_path:
     raise ConfigError(f"this recipe trains the published {config.model.preset} weights: set"
-                      " --config.model.hf_path=/path/to/the/HF/checkpoint/directory")
-  if config.model.hf_path:
+                      " --config.init.hf_path=/path/to/the/HF/checkpoint/directory")
+  if config.init.hf_path:
     from helpsteer_jax.models import hf
-    return build_model_config(config.model, hf.config_from_hf(config.model.hf_path))
+    return build_model_config(config.model, hf.config_from_hf(config.init.hf_path),
+                              config.init.hf_path)
   return build_model_config(config.model)
 
 
 def build_model(config: ml_collections.ConfigDict, rt: Runtime) -> nnx.Module:
-  """The sharded model: imported from `model.hf_path` or randomly initialised, with
+  """The sharded model: imported from `init.hf_path` or randomly initialised, with
   LoRA adapters (`model.lora`: fresh, or read from `model.lora.adapter`) when set."""
   cfg = model_config(config)
   builder.validate_model_on_mesh(cfg, rt.mesh, rt.rules)
   base_cfg = dataclasses.replace(cfg, lora=None)
-  if config.model.hf_path:
+  if config.init.hf_path:
     from helpsteer_jax.models import hf
-    model = nnx.merge(*hf.load_hf_state(config.model.hf_path, base_cfg, rt.mesh, rt.rules))
+    model = nnx.merge(*hf.load_hf_state(config.init.hf_path, base_cfg, rt.mesh, rt.rules))
   else:
     model = builder.init_model(base_cfg, rt.mesh, rt.rules, seed=config.seed)
   return attach_adapters(config, model, rt, cfg.lora)
@@ -115,10 +116,9 @@ def find_tokenizer(explicit: str = "", hf_dir: str = "", run: str = "",
 
 
 def tokenizer_dir(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> str:
-  """`find_tokenizer` for the model of `config` (`tokenizer`, `model.hf_path`, and the run
-  of `checkpoint` where the task has one)."""
-  return find_tokenizer(config.tokenizer, config.model.hf_path, config.get("checkpoint", ""),
-                        workdir)
+  """`find_tokenizer` for the model of `config` (`tokenizer`, then `config.init`'s
+  `hf_path` or `checkpoint` run)."""
+  return find_tokenizer(config.tokenizer, config.init.hf_path, config.init.checkpoint, workdir)
 
 
 def sync(name: str) -> None:
@@ -189,9 +189,9 @@ def lora_config(model: ml_collections.ConfigDict) -> LoraConfig | None:
                     dropout=float(section.dropout))
 
 
-def build_model_config(model: ml_collections.ConfigDict,
-                       base: ModelConfig | None = None) -> ModelConfig:
-  """`ModelConfig` from the preset (or `base`, e.g. read from an HF dir) + knobs."""
+def build_model_config(model: ml_collections.ConfigDict, base: ModelConfig | None = None,
+                       source: str = "the HF checkpoint") -> ModelConfig:
+  """`ModelConfig` from the preset (or `base`, read from `source`, e.g. an HF dir) + knobs."""
   overrides = {
       "dtype": model.dtype,
       "param_dtype": model.param_dtype,
@@ -206,20 +206,19 @@ def build_model_config(model: ml_collections.ConfigDict,
       overrides[name] = value
   overrides["lora"] = lora_config(model)
   if base is not None:
-    _check_checkpoint_shape(model, base, overrides)
+    _check_checkpoint_shape(source, base, overrides)
     return dataclasses.replace(base, **overrides)
   return get_preset(model.preset, **overrides)
 
 
-def _check_checkpoint_shape(model: ml_collections.ConfigDict, base: ModelConfig,
-                            overrides: dict[str, Any]) -> None:
+def _check_checkpoint_shape(source: str, base: ModelConfig, overrides: dict[str, Any]) -> None:
   """An HF checkpoint fixes the model's shape: a config that sets another is refused."""
   conflicts = [f"model.{name}={overrides[name]} (the checkpoint has {getattr(base, name)})"
                for name in config_base.SHAPE_FIELDS if name in overrides
                and overrides[name] != getattr(base, name)]
   if conflicts:
     raise ConfigError(
-        f"{model.hf_path} fixes the model's shape, but the config sets "
+        f"{source} fixes the model's shape, but the config sets "
         f"{'; '.join(conflicts)}. The demo recipes set a tiny shape: start from a recipe"
         " preset for HF weights (e.g. configs/acsft.py:smollm2_135m) or drop these settings")
 

@@ -77,7 +77,7 @@ class Server:
     self.log = open(root / "server.log", "w")
     self.proc = subprocess.Popen(
         [sys.executable, "-m", "helpsteer_jax.main", "--config=configs/serve.py",
-         f"--config.model.hf_path={root / 'policy'}", "--config.serve.model_name=tiny",
+         f"--config.init.hf_path={root / 'policy'}", "--config.serve.model_name=tiny",
          f"--config.serve.port={self.port}", f"--config.serve.max_length={MAX_LENGTH}",
          "--config.serve.max_batch=4", "--config.serve.max_tokens=500",
          "--config.serve.max_n=3", f"--config.scorer.source={root / 'rm'}",

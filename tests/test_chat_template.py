@@ -303,7 +303,7 @@ def test_dpo2d_export_steers_the_response_label_else_the_policy_source(tmp_path)
   from helpsteer_jax.tasks import dpo2d
   config = ml_collections.ConfigDict({
       "data": {"response_label": "verbosity:2,helpfulness:3"},
-      "model": {"hf_path": "", "init_checkpoint": ""}})
+      "init": {"hf_path": "", "checkpoint": "", "step": -1}})
   assert dpo2d.steer_spec(config) == chat_template.SteerSpec(
       ("helpfulness", "verbosity"), {"helpfulness": 3, "verbosity": 2})
   config.data.response_label = ""
@@ -311,9 +311,9 @@ def test_dpo2d_export_steers_the_response_label_else_the_policy_source(tmp_path)
   run = tmp_path / "acsft"
   (run / "hf").mkdir(parents=True)
   (run / "hf" / "config.json").write_text(json.dumps({"steerlm": SPECS["subset"].section()}))
-  config.model.init_checkpoint = str(run / "checkpoints")
+  config.init.checkpoint = str(run / "checkpoints")
   assert dpo2d.steer_spec(config) == SPECS["subset"]
-  config.model.update(init_checkpoint="", hf_path=str(run / "hf"))
+  config.init.update(checkpoint="", hf_path=str(run / "hf"))
   assert dpo2d.steer_spec(config) == SPECS["subset"]
   config.data.response_label = "verbosity:7"
   with pytest.raises(ConfigError, match="data.response_label: .*outside 0..4"):
@@ -340,11 +340,11 @@ def test_acsft_export_carries_the_template_and_generate_uses_it(tmp_path):
   eos = transformers.GenerationConfig.from_pretrained(export).eos_token_id
   assert eos == [tok.eos_token_id, marker]
   # The checkpoint's run and the HF directory both give the model's attributes.
-  assert loading.steer_spec(_generate_config(checkpoint=str(work))) == spec
+  assert loading.steer_spec(_generate_config(init={"checkpoint": str(work)})) == spec
   prompts = tmp_path / "in.jsonl"
   prompts.write_text(json.dumps({"prompt": "Name two fruits."}) + "\n")
   run_main("--config=configs/generate.py", f"--workdir={tmp_path / 'gen'}",
-           f"--config.model.hf_path={export}", f"--config.input={prompts}",
+           f"--config.init.hf_path={export}", f"--config.input={prompts}",
            "--config.max_new_tokens=2", "--config.batch_size=1", "--config.steer.complexity=1")
   row = json.loads((tmp_path / "gen" / "generations.jsonl").read_text())
   assert row["attributes"] == {**spec.defaults, "complexity": 1}

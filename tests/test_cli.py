@@ -38,7 +38,7 @@ def test_model_smoke_imports_hf_directory(tmp_path):
   with torch.no_grad():
     logits = model(torch.tensor([tok(prompt).input_ids])).logits[0, -1].numpy()
   run_main("--config=configs/model_smoke.py", f"--workdir={tmp_path / 'w'}",
-           f"--config.model.hf_path={tmp_path / 'hf'}", f"--config.prompt={prompt}",
+           f"--config.init.hf_path={tmp_path / 'hf'}", f"--config.prompt={prompt}",
            "--config.mesh.fsdp=4", "--config.mesh.tensor=2")
   summary = json.loads((tmp_path / "w" / "model_smoke.json").read_text())
   assert summary["top_next_tokens"][0] == tok.decode([int(np.argmax(logits))])

@@ -40,7 +40,7 @@ def base_dir(tmp_path_factory):
 
 
 def _on_base(cfg, base_dir, rank=4):
-  cfg.model.hf_path = str(base_dir)
+  cfg.init.hf_path = str(base_dir)
   for name in SHAPE_FIELDS:
     cfg.model[name] = None
   cfg.model.lora.update(rank=rank, alpha=2.0 * rank)
@@ -103,7 +103,7 @@ def generate_config(hf_path, adapter=None):
 
   from conftest import REPO_ROOT
   cfg = runpy.run_path(str(REPO_ROOT / "configs" / "generate.py"))["get_config"]()
-  cfg.model.hf_path = str(hf_path)
+  cfg.init.hf_path = str(hf_path)
   if adapter is not None:
     cfg.model.lora.adapter = str(adapter)
   cfg.update(max_new_tokens=8, batch_size=1)

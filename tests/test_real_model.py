@@ -203,7 +203,7 @@ def test_acsft_on_helpsteer2_exports_a_transformers_model(smollm2_dir, helpsteer
   work = tmp_path / "acsft"
   # XLA's default optimisation: a 135M-parameter step runs 3x faster for a little more compile.
   run_main("--config=configs/acsft.py:smollm2_135m", f"--workdir={work}",
-           f"--config.model.hf_path={smollm2_dir}",
+           f"--config.init.hf_path={smollm2_dir}",
            f"--config.data.train_path={helpsteer2_sample}",
            "--config.train.num_steps=2", "--config.train.global_batch=1",
            "--config.train.micro_batch=1", "--config.train.seq_len=256",

@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from helpsteer_jax import config_sections, runtime, task_configs
+from helpsteer_jax import config_sections, runtime
 from helpsteer_jax.data import template
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.data.features.rm import RegressionTokenizer
@@ -22,8 +22,6 @@ from helpsteer_jax.scoring import load, remote, rewards, rules
 from helpsteer_jax.scoring.model import ModelScorer, length_buckets
 from helpsteer_jax.scoring.scorer import HostScorer, PrimaryScorer, predict
 from helpsteer_jax.serve.backend import CompileCounter
-
-from conftest import REPO_ROOT
 
 CONV = Conversation("Be brief.", (Turn("User", "What is 2 plus 2?"), Turn("Assistant", "4."),
                                   Turn("User", "And 3 plus 3?"), Turn("Assistant", "It is 6.")))
@@ -149,36 +147,3 @@ def test_no_compile_after_warm_up_whatever_the_lengths(model_scorer):
   assert counter.count == 0
   too_long = Conversation("s", (Turn("User", "q"), Turn("Assistant", "w " * 400)))
   assert np.isnan(scorer([too_long, CONV])[0]).all()  # does not fit max_len after truncation
-
-
-def _configs_with_renamed_keys():
-  cases = []
-  for name, _, _ in task_configs.packaged_tasks():
-    path = REPO_ROOT / "configs" / f"{name}.py"
-    for old in task_configs.load(path).get("RENAMED", {}):
-      cases.append((name, old))
-  return cases
-
-
-@pytest.mark.parametrize("task,old", _configs_with_renamed_keys())
-def test_an_old_key_fails_before_anything_loads_naming_the_new_one(task, old, capsys):
-  from helpsteer_jax import main
-  renamed = task_configs.load(REPO_ROOT / "configs" / f"{task}.py")["RENAMED"]
-  key = old if renamed[old].startswith((old + ".", "removed:")) else f"{old}.x"
-  with pytest.raises(SystemExit) as exit_info:
-    main._parse_flags(["helpsteer-jax", f"--config={task}", f"--config.{key}=1"])
-  assert exit_info.value.code == 2
-  err = capsys.readouterr().err.strip().splitlines()
-  assert len(err) == 1 and err[0].startswith(f"error: --config.{key} ")
-  new = task_configs.renamed_key(key, renamed)
-  assert ("was removed" in err[0]) if new.startswith("removed:") else (
-      err[0].endswith(f"is now --config.{new}"))
-
-
-def test_renamed_keys_map_sections_and_leave_new_keys_alone():
-  table = {"reward": "scorer", "reward.pad_multiple": "removed: buckets", "scorer": "scorer.source"}
-  assert task_configs.renamed_key("reward.model.dtype", table) == "scorer.model.dtype"
-  assert task_configs.renamed_key("reward.pad_multiple", table) == "removed: buckets"
-  assert task_configs.renamed_key("scorer", table) == "scorer.source"
-  assert task_configs.renamed_key("scorer.source", table) is None
-  assert task_configs.renamed_key("scorer.batch_size", table) is None

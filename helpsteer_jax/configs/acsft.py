@@ -2,7 +2,7 @@
 
   helpsteer-jax --config=configs/acsft.py              # demo, CPU, ~3 min
   helpsteer-jax --config=configs/acsft.py:llama2_70b \
-      --config.model.hf_path=/models/Llama-2-70b-hf \
+      --config.init.hf_path=/models/Llama-2-70b-hf \
       --config.data.train_path=/data/steerlm_train.jsonl \
       --config.data.validation_path=/data/steerlm_val.jsonl
 
@@ -15,6 +15,7 @@ from helpsteer_jax import config_base
 from helpsteer_jax.config_sections import optimizer_config, train_config
 
 PRESETS = ("demo", "llama2_70b", "llama3_70b", "llama3_8b", "smollm2_135m")
+RENAMED = config_base.INIT_RENAMED
 
 
 def _demo(config):

@@ -31,7 +31,7 @@ RENAMED = SCORING_RENAMED
 
 def get_config(preset: str = ""):
   config = config_base.base_config("annotate")
-  del config.model, config.tokenizer  # the attribute model's are config.scorer's
+  del config.model, config.init, config.tokenizer  # the attribute model's are config.scorer's
   config.data = config_base.data_config(
       input_path="",          # SteerLM jsonl or HelpSteer rows; "" = the demo data
       input_split="train",

@@ -2,7 +2,7 @@
 
   helpsteer-jax --config=configs/attribute_model.py        # demo, CPU, < 3 min
   helpsteer-jax --config=configs/attribute_model.py:llama3_70b_helpsteer2 \
-      --config.model.hf_path=/models/Meta-Llama-3-70B \
+      --config.init.hf_path=/models/Meta-Llama-3-70B \
       --config.data.train_path=/data/HelpSteer2 --config.data.validation_path=/data/HelpSteer2
   helpsteer-jax --config=configs/attribute_model.py:llama3_1_70b_scaled_bt \
       --config.init.checkpoint=workdir/attribute_model --config.tokenizer=/models/Llama-3.1-70B \
@@ -20,7 +20,7 @@ from helpsteer_jax import config_base
 from helpsteer_jax.config_sections import init_config, optimizer_config, train_config
 
 PRESETS = ("demo", "llama3_70b_helpsteer2", "llama2_13b_helpsteer", "llama3_1_70b_scaled_bt")
-RENAMED = {"score.batch_size": "eval_batch_size",
+RENAMED = {**config_base.INIT_RENAMED, "score.batch_size": "eval_batch_size",
            "score": "removed: the final evaluation scores train.seq_len-token inputs in"
                     " batches of eval_batch_size"}
 

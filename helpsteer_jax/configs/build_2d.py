@@ -33,7 +33,7 @@ RENAMED = SCORING_RENAMED
 
 def get_config(preset: str = ""):
   config = config_base.base_config("build_2d")
-  del config.model, config.tokenizer  # the attribute model's are config.scorer's
+  del config.model, config.init, config.tokenizer  # the attribute model's are config.scorer's
   config.data = ml_collections.ConfigDict(dict(
       input_path="",          # "" = the 2D demo pairs' prompt/chosen/rejected texts
       split="train", on_bad_record="error",

@@ -2,11 +2,11 @@
 
   helpsteer-jax --config=configs/dpo2d.py              # demo, CPU, < 3 min
   helpsteer-jax --config=configs/dpo2d.py:llama3_8b \
-      --config.model.hf_path=/models/Meta-Llama-3-8B-Instruct \
+      --config.init.hf_path=/models/Meta-Llama-3-8B-Instruct \
       --config.data.train_path=/data/helpsteer_2d.jsonl
   helpsteer-jax --config=configs/dpo2d.py:llama3_70b \
-      --config.model.hf_path=/models/Llama-3-70B-SteerLM-HF \
-      --config.model.init_checkpoint=/runs/acsft_70b   # policy from an AC-SFT run
+      --config.init.hf_path=/models/Llama-3-70B-SteerLM-HF \
+      --config.init.checkpoint=/runs/acsft_70b   # policy from an AC-SFT run
 
 Presets: the default (tiny model on the built-in 2D demo pairs), `qwen2_7b`
 and `llama3_8b` (the paper's 7-8B scale), `llama3_70b`.
@@ -20,6 +20,7 @@ from helpsteer_jax import config_base
 from helpsteer_jax.config_sections import optimizer_config, train_config
 
 PRESETS = ("demo", "qwen2_7b", "llama3_8b", "llama3_70b")
+RENAMED = config_base.INIT_RENAMED
 
 ASPECTS = ("helpfulness", "correctness", "safety", "completeness", "clarity")
 
@@ -53,7 +54,6 @@ def _reference(**overrides):
 
 def _base():
   config = config_base.base_config("dpo2d")
-  config.model.init_checkpoint = ""  # an AC-SFT run (workdir or checkpoints/) to start from
   config.data = _data()
   config.loss = _loss()
   config.reference = _reference()
@@ -64,7 +64,6 @@ def _demo(config):
   config.model = config_base.model_section(
       "tiny", hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
       num_kv_heads=2, attention_block_size=64)
-  config.model.init_checkpoint = ""
   config.loss.beta = 0.5
   config.data.update(demo_train_pairs=320, demo_validation_pairs=32)
   config.reference.batch = 32
@@ -80,7 +79,6 @@ def _big(config, preset, *, batch=64, lr=5e-7, seq_len=4096, tensor=1):
   # A common DPO recipe at this scale (beta 0.1, lr 5e-7, cosine with warmup, batch 64).
   config.model = config_base.model_section(preset, dtype="bfloat16", param_dtype="float32",
                                           remat_policy="full")
-  config.model.init_checkpoint = ""
   config.train = train_config(num_steps=1000, global_batch=batch, micro_batch=batch // 8,
                               seq_len=seq_len, log_every=1, eval_every=100, save_every=100,
                               keep_checkpoints=2, loss_chunk_size=512)

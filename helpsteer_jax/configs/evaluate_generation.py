@@ -3,7 +3,7 @@
   # the AC-SFT export, graded by GPT-4 with FastChat's single-answer prompts
   export OPENAI_API_KEY=...
   helpsteer-jax --config=configs/evaluate_generation.py \
-      --config.model.hf_path=workdir/acsft/hf \
+      --config.init.hf_path=workdir/acsft/hf \
       --config.mt_bench.dir=FastChat/fastchat/llm_judge/data/mt_bench \
       --config.judge.base_url=https://api.openai.com/v1 --config.judge.model=gpt-4
   # any OpenAI-compatible judge (vLLM, SGLang, configs/serve.py)
@@ -22,11 +22,12 @@ Presets: as configs/generate.py (default: the demo AC-SFT run's `tiny` model).
 
 import ml_collections
 
+from helpsteer_jax.config_base import INIT_RENAMED
 from helpsteer_jax.config_sections import GENERATION_PRESETS, generation_config, scorer_section
 
 PRESETS = GENERATION_PRESETS
-RENAMED = {"judge.scorer": "scorer.source", "judge.batch_size": "scorer.batch_size",
-           "judge.weights": "scorer.weights"}
+RENAMED = {**INIT_RENAMED, "judge.scorer": "scorer.source",
+           "judge.batch_size": "scorer.batch_size", "judge.weights": "scorer.weights"}
 
 
 def get_config(preset: str = ""):

@@ -33,7 +33,7 @@ RENAMED = {**SCORING_RENAMED,
 
 def get_config(preset: str = ""):
   config = config_base.base_config("evaluate_rm")
-  del config.model, config.tokenizer  # the attribute model's are config.scorer's
+  del config.model, config.init, config.tokenizer  # the attribute model's are config.scorer's
   config.data = config_base.data_config(
       preference_path="",       # HelpSteer2 preference file or directory
       preference_split="validation",  # rows of this `split` ("" = all)

@@ -2,13 +2,14 @@
 
   helpsteer-jax --config=configs/model_smoke.py
   helpsteer-jax --config=configs/model_smoke.py:llama3_8b \
-      --config.model.hf_path=/path/to/Meta-Llama-3-8B
+      --config.init.hf_path=/path/to/Meta-Llama-3-8B
 """
 
 from helpsteer_jax import config_base
 from helpsteer_jax.config_sections import MODEL_PRESETS
 
 PRESETS = MODEL_PRESETS  # any model preset; the default is tiny
+RENAMED = config_base.INIT_RENAMED
 
 
 def get_config(preset: str = "tiny"):

@@ -1,13 +1,13 @@
 """An OpenAI-compatible server for a SteerLM model (chat, completions, rewards).
 
   # the default AC-SFT run's model on http://127.0.0.1:8000/v1
-  helpsteer-jax --config=configs/serve.py --config.checkpoint=workdir/acsft
+  helpsteer-jax --config=configs/serve.py --config.init.checkpoint=workdir/acsft
   # an HF directory, sampled by default as OpenAI's API, with the attribute model's rewards
-  helpsteer-jax --config=configs/serve.py --config.model.hf_path=workdir/acsft/hf \
+  helpsteer-jax --config=configs/serve.py --config.init.hf_path=workdir/acsft/hf \
       --config.scorer.source=workdir/attribute_model
   # a published SteerLM model, tensor-parallel over 8 devices, behind an API key
   HELPSTEER_API_KEY=secret helpsteer-jax --config=configs/serve.py:llama3_70b \
-      --config.model.hf_path=/models/Llama3-70B-SteerLM-Chat
+      --config.init.hf_path=/models/Llama3-70B-SteerLM-Chat
 
 Presets as configs/generate.py: the default (the demo `tiny` model, labels
 with the five HelpSteer attributes), `llama2_70b`, `llama3_70b`, `llama3_8b`,
@@ -25,7 +25,8 @@ from helpsteer_jax.config_sections import (
 )
 
 PRESETS = ("demo", "llama2_70b", "llama3_70b", "llama3_8b", "smollm2_135m")
-RENAMED = {"reward.checkpoint": "scorer.source", "reward.model.hf_path": "scorer.source",
+RENAMED = {**config_base.INIT_RENAMED,
+           "reward.checkpoint": "scorer.source", "reward.model.hf_path": "scorer.source",
            "reward.pad_multiple": "removed: scoring pads to fixed length buckets"
                                   " (scorer.max_len)",
            "reward": "scorer"}
@@ -33,8 +34,6 @@ RENAMED = {"reward.checkpoint": "scorer.source", "reward.model.hf_path": "scorer
 
 def get_config(preset: str = ""):
   config = config_base.base_config("serve")
-  config.checkpoint = ""       # a training workdir or its checkpoints/ (Orbax)
-  config.checkpoint_step = -1  # -1 = the latest
   config.system = DEFAULT_SYSTEM  # when a chat request has no system message
   config.add_bos = True
   config.stop_strings = tuple(DEFAULT_STOP_STRINGS)

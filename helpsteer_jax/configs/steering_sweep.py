@@ -4,10 +4,10 @@ attribute model its predictions.
 
   # the default AC-SFT run's model on the 50 held-out demo prompts
   helpsteer-jax --config=configs/steering_sweep.py \
-      --config.checkpoint=workdir/acsft
+      --config.init.checkpoint=workdir/acsft
   # MT-Bench's first turns, with the attribute model's predictions
   helpsteer-jax --config=configs/steering_sweep.py:llama3_70b \
-      --config.model.hf_path=/models/Llama3-70B-SteerLM-Chat \
+      --config.init.hf_path=/models/Llama3-70B-SteerLM-Chat \
       --config.mt_bench.questions=/data/mt_bench/question.jsonl \
       --config.scorer.source=/runs/attribute_model \
       --config.sweep.attributes=verbosity,complexity
@@ -22,10 +22,11 @@ import runpy
 
 import ml_collections
 
+from helpsteer_jax.config_base import INIT_RENAMED
 from helpsteer_jax.config_sections import GENERATION_PRESETS
 
 PRESETS = GENERATION_PRESETS  # generate's
-RENAMED = {"scorer": "scorer.source"}
+RENAMED = {**INIT_RENAMED, "scorer": "scorer.source"}
 
 
 def get_config(preset: str = ""):

@@ -1,10 +1,10 @@
 """The model to generate with: an HF directory or a training task's Orbax checkpoint.
 
-`config.model.hf_path` imports a Hugging Face directory (e.g. the `hf/`
-export every training task writes). `config.checkpoint` restores only the
+`config.init.hf_path` imports a Hugging Face directory (e.g. the `hf/`
+export every training task writes). `config.init.checkpoint` restores only the
 parameters of an Orbax checkpoint written by any training task: a task's
 workdir or its `checkpoints/` directory, the latest step unless
-`config.checkpoint_step` is set. The shapes (vocabulary, widths, layers,
+`config.init.step` is set. The shapes (vocabulary, widths, layers,
 heads, tied embeddings, QKV bias) are read from the checkpoint's metadata
 by the preset's model family; the preset supplies the rest (family knobs,
 RoPE, norm epsilon, token ids), so pass the training run's `model.preset`.
@@ -30,19 +30,19 @@ from helpsteer_jax.models import builder, families, hf
 
 
 def load_model(config: ml_collections.ConfigDict, rt: runtime.Runtime) -> nnx.Module:
-  """The sharded model from `config.checkpoint`, `model.hf_path` or the preset; with a
+  """The sharded model from `config.init.checkpoint`, `init.hf_path` or the preset; with a
   PEFT adapter (`model.lora.adapter`) merged into the weights it adapts, so that
   decoding pays nothing per token for it."""
-  if config.checkpoint and config.model.hf_path:
-    raise ConfigError("set either --config.checkpoint (Orbax) or --config.model.hf_path"
+  if config.init.checkpoint and config.init.hf_path:
+    raise ConfigError("set either --config.init.checkpoint (Orbax) or --config.init.hf_path"
                       " (HF directory), not both")
-  if config.checkpoint and config.model.lora.adapter:
-    raise ConfigError("model.lora.adapter goes on an HF base: set --config.model.hf_path"
-                      " instead of --config.checkpoint")
-  if not config.checkpoint:
+  if config.init.checkpoint and config.model.lora.adapter:
+    raise ConfigError("model.lora.adapter goes on an HF base: set --config.init.hf_path"
+                      " instead of --config.init.checkpoint")
+  if not config.init.checkpoint:
     return builder.merge_adapters(runtime.build_model(config, rt))
-  directory = saved_params.checkpoint_dir(config.checkpoint)
-  shapes, step = saved_params.param_shapes(directory, config.checkpoint_step)
+  directory = saved_params.checkpoint_dir(config.init.checkpoint)
+  shapes, step = saved_params.param_shapes(directory, config.init.step)
   base = runtime.model_config(config)
   inferred = families.for_config(base).shape_fields(shapes)
   explicit = {k for k in inferred if config.model.get(k) is not None}
@@ -74,8 +74,9 @@ def steer_spec(config: ml_collections.ConfigDict) -> chat_template.SteerSpec | N
     spec = chat_template.read_spec(config.model.lora.adapter)
     if spec is not None:
       return spec
-  if config.model.hf_path:
-    return chat_template.read_spec(config.model.hf_path)
-  if config.checkpoint:
-    return chat_template.read_spec(saved_params.run_dir(config.checkpoint) / saved_params.HF_EXPORT)
+  if config.init.hf_path:
+    return chat_template.read_spec(config.init.hf_path)
+  if config.init.checkpoint:
+    run = saved_params.run_dir(config.init.checkpoint)
+    return chat_template.read_spec(run / saved_params.HF_EXPORT)
   return None

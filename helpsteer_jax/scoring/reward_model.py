@@ -1,10 +1,10 @@
 """The attribute model (a `RewardModel`): built from where its weights are, and its head file.
 
 A whole trained model comes from an HF *ForSequenceClassification directory
-(the attribute model's HF export, as `init.checkpoint` or `model.hf_path`;
+(the attribute model's HF export, as `init.checkpoint` or `init.hf_path`;
 detected by config.json `architectures`) or from an attribute-model Orbax
 checkpoint (`init.checkpoint`: a workdir or its `checkpoints` directory; only
-the parameters are read). Otherwise the backbone comes from `model.hf_path`
+the parameters are read). Otherwise the backbone comes from `init.hf_path`
 (an HF causal LM, e.g. an AC-SFT export), another task's Orbax checkpoint,
 or a random initialisation, and the head from a head file written by a
 previous run (`init.head=/path/head.npz`) or zeros. `build_reward_model`
@@ -63,36 +63,36 @@ def load_head(path: str | os.PathLike, hidden_size: int) -> dict[str, np.ndarray
 
 
 def resolve_source(config: ml_collections.ConfigDict) -> None:
-  """An HF reward-model directory given as `init.checkpoint` becomes `model.hf_path`.
+  """An HF reward-model directory given as `init.checkpoint` becomes `init.hf_path`.
 
   A *ForSequenceClassification directory (the attribute model's HF export)
   holds the whole model and its tokenizer, so everything then reads it
   where it reads HF models. Idempotent; call it before the tokenizer or the
   model config is resolved.
   """
-  ckpt, hf_path = config.init.checkpoint, config.model.hf_path
+  ckpt, hf_path = config.init.checkpoint, config.init.hf_path
   if ckpt and reward_hf.is_reward_dir(ckpt):
     if hf_path and hf_path != ckpt:
       raise ConfigError(f"init.checkpoint={ckpt} is a whole reward model (HF"
-                        f" sequence classification) but model.hf_path={hf_path} names"
+                        f" sequence classification) but init.hf_path={hf_path} names"
                         " another model; set only one of them")
-    config.model.hf_path, config.init.checkpoint = ckpt, ""
+    config.init.hf_path, config.init.checkpoint = ckpt, ""
   elif hf_path and reward_hf.is_reward_dir(hf_path) and ckpt:
-    raise ConfigError(f"model.hf_path={hf_path} is a whole reward model (HF sequence"
+    raise ConfigError(f"init.hf_path={hf_path} is a whole reward model (HF sequence"
                       f" classification) but init.checkpoint={ckpt} would replace its"
                       f" weights: pass it as --config.init.checkpoint={hf_path} alone, or clear"
                       " --config.init.checkpoint=''")
 
 
 def hf_reward_dir(config: ml_collections.ConfigDict) -> str:
-  """`model.hf_path` if it is an HF reward model (after `resolve_source`), else ''."""
-  path = config.model.hf_path
+  """`init.hf_path` if it is an HF reward model (after `resolve_source`), else ''."""
+  path = config.init.hf_path
   return path if path and reward_hf.is_reward_dir(path) else ""
 
 
 def _saved_reward_params(config) -> tuple[pathlib.Path, int, dict, bool]:
   """(directory, step, saved params metadata, whether it is a reward model)."""
-  directory, step = saved_params.resolve(config.init.checkpoint)
+  directory, step = saved_params.resolve(config.init.checkpoint, config.init.step)
   saved = saved_params.params_metadata(directory, step)
   return directory, step, saved, "backbone" in saved and "head" in saved
 
@@ -128,7 +128,7 @@ def _check_shapes(saved: dict, target: dict, directory: pathlib.Path) -> None:
       raise ConfigError(
           f"{directory}: parameter {name} is {None if got is None else tuple(got.shape)} in"
           f" the checkpoint but {tuple(leaf.shape)} in this model; set the model shape"
-          " (model.preset / model.hf_path / --config.model.hidden_size=...) to the one"
+          " (model.preset / init.hf_path / --config.model.hidden_size=...) to the one"
           " that wrote the checkpoint")
 
 
@@ -149,7 +149,7 @@ def _head_bias(config: ml_collections.ConfigDict, trained: bool | None, where: s
 
 
 def build_reward_model(config: ml_collections.ConfigDict, rt: runtime.Runtime) -> RewardModel:
-  """The sharded reward model, initialised as `config.init` / `model.hf_path` say.
+  """The sharded reward model, initialised as `config.init` / `init.hf_path` say.
 
   The sources: an HF *ForSequenceClassification directory (backbone and
   head), an Orbax checkpoint (an attribute model's: both; any other
@@ -162,7 +162,7 @@ def build_reward_model(config: ml_collections.ConfigDict, rt: runtime.Runtime) -
   builder.validate_model_on_mesh(cfg, rt.mesh, rt.rules)
   if hf_dir := hf_reward_dir(config):
     if config.init.head != "auto":
-      raise ConfigError(f"model.hf_path={hf_dir} holds a trained head; leave init.head=auto")
+      raise ConfigError(f"init.hf_path={hf_dir} holds a trained head; leave init.head=auto")
     reward_hf.reward_config_from_hf(hf_dir)  # the nine attributes as labels
     _head_bias(config, False, hf_dir)
     logging.info("reward model (backbone and head) from %s", hf_dir)
@@ -216,7 +216,7 @@ def load_reward_model(source: str, rt: runtime.Runtime,
     if reward_hf.is_reward_dir(source):
       raise ConfigError(f"{source} holds a trained head (HF sequence classification): leave"
                         f" the head file {head} out")
-    config.model.hf_path, config.init.checkpoint, config.init.head = source, "", head
+    config.init.hf_path, config.init.checkpoint, config.init.head = source, "", head
     return build_reward_model(config, rt)
   if not reward_hf.is_reward_dir(source):
     shapes, step = saved_params.param_shapes(source)
@@ -240,5 +240,5 @@ def require_trained(config: ml_collections.ConfigDict, what: str) -> None:
   if not config.init.checkpoint and config.init.head in ("auto", "zeros"):
     raise ConfigError(f"{what} needs a trained attribute model: set"
                       " --config.init.checkpoint=<attribute_model workdir or its HF export"
-                      " directory> (or --config.model.hf_path=<backbone> with"
+                      " directory> (or --config.init.hf_path=<backbone> with"
                       " --config.init.head=<head.npz>)")

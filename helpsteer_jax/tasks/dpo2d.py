@@ -4,7 +4,7 @@ Reads HelpSteer-2D JSONL or CSV (the built-in 2D demo pairs by default),
 tokenizes each pair into a chosen and a rejected row with per-token segment
 ids, gets the reference log-probs (a cached first pass, or on the fly in the
 step), and trains the policy with the shared loop. The policy starts from
-`model.hf_path`, an AC-SFT run (`model.init_checkpoint`) or a fresh preset.
+`init.hf_path`, an AC-SFT run (`init.checkpoint`) or a fresh preset.
 The HF export's chat template steers `data.response_label`'s attributes (its
 scores the defaults) when the pairs were trained under a label, else those
 of the policy's source export.
@@ -94,7 +94,7 @@ def load_features(path: str, config, cfg: dpo2d.PreferenceLossConfig, tokenizer)
 def steer_spec(config: ml_collections.ConfigDict) -> chat_template.SteerSpec:
   """The export's steerable attributes: the response label's, else the policy source's.
 
-  The source is `model.hf_path` or the AC-SFT run of `model.init_checkpoint`
+  The source is `init.hf_path` or the AC-SFT run of `init.checkpoint`
   (its `hf/` export); a source without a `steerlm` section (or a fresh
   preset) means no label.
   """
@@ -103,10 +103,10 @@ def steer_spec(config: ml_collections.ConfigDict) -> chat_template.SteerSpec:
       return chat_template.SteerSpec.from_label(config.data.response_label)
     except ValueError as e:
       raise ConfigError(f"data.response_label: {e}") from None
-  m = config.model
-  candidates = [pathlib.Path(m.hf_path)] if m.hf_path else []
-  if m.init_checkpoint:
-    run = pathlib.Path(m.init_checkpoint).expanduser()
+  init = config.init
+  candidates = [pathlib.Path(init.hf_path)] if init.hf_path else []
+  if init.checkpoint:
+    run = pathlib.Path(init.checkpoint).expanduser()
     candidates += [run / "hf", run.parent / "hf"]
   for candidate in candidates:
     spec = chat_template.read_spec(candidate)
@@ -116,17 +116,18 @@ def steer_spec(config: ml_collections.ConfigDict) -> chat_template.SteerSpec:
 
 
 def _model_source(config) -> str:
-  m = config.model
-  return json.dumps({"hf_path": m.hf_path, "init_checkpoint": m.init_checkpoint,
-                     "preset": m.preset, "seed": config.seed, "dtype": m.dtype,
+  m, init = config.model, config.init
+  return json.dumps({"hf_path": init.hf_path, "init_checkpoint": init.checkpoint,
+                     "init_step": init.step, "preset": m.preset, "seed": config.seed,
+                     "dtype": m.dtype,
                      "lora_adapter": m.lora.adapter, "lora_base_dtype": m.lora.base_dtype})
 
 
-def _restore_policy(parts: state_lib.ModelParts, run: str) -> bool:
-  """The starting policy from an AC-SFT run's checkpoint: its parameters, or under
-  LoRA its whole model as the frozen base (its adapters, if it trained LoRA: then
-  True)."""
-  saved, step = saved_params.param_shapes(run)
+def _restore_policy(parts: state_lib.ModelParts, run: str, step: int = -1) -> bool:
+  """The starting policy from an AC-SFT run's checkpoint (`step`; -1: the latest): its
+  parameters, or under LoRA its whole model as the frozen base (its adapters, if it
+  trained LoRA: then True)."""
+  saved, step = saved_params.param_shapes(run, step)
   saved_lora = any(any(k.endswith("_lora") for k in path) for path in saved)
   if parts.base and not saved_lora:
     parts.base = saved_params.restore_params(
@@ -134,8 +135,8 @@ def _restore_policy(parts: state_lib.ModelParts, run: str) -> bool:
     return False
   if saved_lora and not parts.base:
     raise ConfigError(f"{run} trained LoRA adapters: set model.lora.adapter=<its adapter"
-                      " directory> with model.hf_path=<its base>, or export it merged"
-                      " (train.export_merged) and start from that model.hf_path")
+                      " directory> with init.hf_path=<its base>, or export it merged"
+                      " (train.export_merged) and start from that init.hf_path")
   parts.params = saved_params.restore_params(
       run, sharding_lib.abstract_arrays(parts.params, parts.param_shardings), step)[0]
   return saved_lora
@@ -199,8 +200,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   parts = state_lib.split_model(runtime.build_model(config, rt), rt.mesh, rt.rules)
   fresh_adapters = True
-  if config.model.init_checkpoint:
-    fresh_adapters = not _restore_policy(parts, config.model.init_checkpoint)
+  if config.init.checkpoint:
+    fresh_adapters = not _restore_policy(parts, config.init.checkpoint, config.init.step)
   adapters_off = adapters_off_reference(config, fresh_adapters)
 
   chunk, vocab_chunk = config.train.loss_chunk_size, config.loss.vocab_chunk_size

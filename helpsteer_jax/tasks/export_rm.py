@@ -1,7 +1,7 @@
 """An existing attribute model as an HF *ForSequenceClassification directory.
 
 Reads the model as the scoring tasks do (`init.checkpoint`: an
-attribute-model workdir or Orbax checkpoint; or `model.hf_path` with
+attribute-model workdir or Orbax checkpoint; or `init.hf_path` with
 `init.head=<head.npz>`) and writes what the attribute-model task writes to
 `<workdir>/hf` at the end of training: `transformers`'
 `AutoModelForSequenceClassification` loads it.

@@ -45,7 +45,7 @@ def hf_exporter(workdir: pathlib.Path, tokenizer_dir: str, tokenizer: Any,
       head = getattr(model, "head", None)
       peft_adapters.save_adapters(
           decoder.cfg, builder.adapter_params(decoder), adapter_dir,
-          base_model=config.model.hf_path, task_type="SEQ_CLS" if head else "CAUSAL_LM",
+          base_model=config.init.hf_path, task_type="SEQ_CLS" if head else "CAUSAL_LM",
           extra_tensors=None if head is None
           else {"score.weight": peft_adapters.host_array(head.kernel[...]).T})
       if processes.is_primary():
