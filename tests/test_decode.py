@@ -19,7 +19,7 @@ from helpsteer_jax import sharding
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import decode
 from helpsteer_jax.inference.sampling import SamplingConfig
-from helpsteer_jax.models import builder, families, hf, presets
+from helpsteer_jax.models import builder, families, hf, kv_cache, presets
 from helpsteer_jax.models.kv_cache import KVCache
 
 PROMPTS = [[1, 17, 99, 4, 250, 33, 7], [1, 5], [1, 200, 201, 202, 9, 8, 7, 6, 5, 4, 3, 120]]
@@ -92,13 +92,13 @@ def _cached_vs_full(model, prompts, steps):
   @jax.jit
   def prefill(state, tokens, pos, seg):
     m = nnx.merge(graphdef, state)
-    h, cache = m.prefill(tokens, pos, seg, KVCache.init(m.cfg, batch, plen + steps))
+    h, cache = kv_cache.prefill(m, tokens, pos, seg, KVCache.init(m.cfg, batch, plen + steps))
     return m.logits(h[:, -1:])[:, 0], cache
 
   @jax.jit
   def step(state, token, pos, cache):
     m = nnx.merge(graphdef, state)
-    h, cache = m.decode_step(token[:, None], pos[:, None], cache)
+    h, cache = kv_cache.decode_step(m, token[:, None], pos[:, None], cache)
     return m.logits(h)[:, 0], cache
 
   logits, cache = prefill(state, tokens, pos, seg)

@@ -220,7 +220,7 @@ def test_embedding_keeps_its_table_sharded(mesh_shape):
   tokens, _, _ = _packed_inputs(batch=8)
 
   def loss(state, tokens):
-    x = nnx.merge(graphdef, state)._embed_tokens(tokens).astype(jnp.float32)
+    x = nnx.merge(graphdef, state).embed_tokens(tokens).astype(jnp.float32)
     return jnp.sum(x * jnp.arange(x.shape[-1]))
 
   step = jax.jit(jax.value_and_grad(loss))

@@ -26,6 +26,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import sampling as sampling_lib
+from helpsteer_jax.models import kv_cache
 from helpsteer_jax.models.kv_cache import KVCache
 
 MIN_PROMPT_BUCKET = 16
@@ -79,7 +80,7 @@ def _generate(state, tokens, prompt_lengths, key, *, graphdef, rules, pad_id,
     segment_ids = (index >= pad[:, None]).astype(jnp.int32)
     positions = jnp.maximum(index - pad[:, None], 0)
     cache = KVCache.init(model.cfg, batch, prompt_len + max_new_tokens)
-    hidden, cache = model.prefill(tokens, positions, segment_ids, cache)
+    hidden, cache = kv_cache.prefill(model, tokens, positions, segment_ids, cache)
     first = sampling_lib.next_token(model.logits(hidden[:, -1:])[:, 0],
                                     jax.random.fold_in(key, 0), sampling)
     out = jnp.full((batch, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(first)
@@ -92,8 +93,8 @@ def _generate(state, tokens, prompt_lengths, key, *, graphdef, rules, pad_id,
 
     def body(carry):
       step, last, cache, out, done, lengths = carry
-      hidden, cache = model.decode_step(last[:, None], (prompt_lengths + step - 1)[:, None],
-                                        cache)
+      hidden, cache = kv_cache.decode_step(model, last[:, None],
+                                           (prompt_lengths + step - 1)[:, None], cache)
       new = sampling_lib.next_token(model.logits(hidden)[:, 0],
                                     jax.random.fold_in(key, step), sampling)
       new = jnp.where(done, pad_id, new)

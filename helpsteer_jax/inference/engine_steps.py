@@ -17,6 +17,7 @@ from flax import nnx
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.inference import sampling as sampling_lib
 from helpsteer_jax.inference.decode import MIN_PROMPT_BUCKET
+from helpsteer_jax.models import kv_cache
 from helpsteer_jax.models.kv_cache import KVCache
 
 
@@ -41,7 +42,7 @@ def prefill_row(state, k, v, tokens, length, row, end, temperature, top_p, seed,
     segment_ids = (index >= pad).astype(jnp.int32)
     positions = jnp.maximum(index - pad, 0)
     small = KVCache.init(model.cfg, 1, t)
-    hidden, small = model.prefill(tokens, positions, segment_ids, small)
+    hidden, small = kv_cache.prefill(model, tokens, positions, segment_ids, small)
     first = sampling_lib.sample_rows(model.logits(hidden[:, -1:])[:, 0],
                                      jax.random.fold_in(jax.random.key(seed), 0)[None],
                                      temperature[None],
@@ -82,7 +83,7 @@ def decode_chunk(state, k, v, end, row_start, last, positions, temperature, top_
 
     def step(carry, i):
       cache, last = carry
-      hidden, cache = model.decode_step(last[:, None], (positions + i)[:, None], cache)
+      hidden, cache = kv_cache.decode_step(model, last[:, None], (positions + i)[:, None], cache)
       step_keys = jax.vmap(jax.random.fold_in)(keys, counters + i)
       new = sampling_lib.sample_rows(model.logits(hidden)[:, 0], step_keys, temperature, top_p)
       return (cache, new), new

@@ -24,7 +24,7 @@ from flax import nnx
 
 from helpsteer_jax import unrollable
 from helpsteer_jax.models import attention as attention_lib
-from helpsteer_jax.models import kv_cache, lora
+from helpsteer_jax.models import lora
 from helpsteer_jax.models.config import ModelConfig
 from helpsteer_jax.models.layers import LOGICAL_AXES, DecoderLayer, RMSNorm, param
 from helpsteer_jax.models.rope import rope_tables
@@ -82,11 +82,11 @@ class Decoder(nnx.Module):
       with lora.layer_index(index):  # LoRA dropout draws a mask per layer
         return layer(x, cos, sin, info, window)
 
-    x = self._over_layers(step, self._embed_tokens(tokens), remat=True)
+    x = self.over_layers(step, self.embed_tokens(tokens), remat=True)
     with jax.named_scope("final_norm"):
       return self.final_norm(x)
 
-  def _embed_tokens(self, tokens: jax.Array) -> jax.Array:
+  def embed_tokens(self, tokens: jax.Array) -> jax.Array:
     with jax.named_scope("embed"):
       # The table keeps its sharding: SPMD gathers every row's tokens, looks up
       # each device's embed slice and all-to-alls to batch shards, so the
@@ -97,7 +97,7 @@ class Decoder(nnx.Module):
         x = x * jnp.asarray(math.sqrt(self.cfg.hidden_size), self.cfg.compute_dtype)
       return constrain(x, ("batch", "length", "embed"))
 
-  def _over_layers(self, step: Callable, carry, remat: bool = False):
+  def over_layers(self, step: Callable, carry, remat: bool = False):
     """`carry = step(carry, layer, index, window)` over the stacked layers.
 
     Scans groups of one window period (see the module docstring); a
@@ -142,45 +142,6 @@ class Decoder(nnx.Module):
       with jax.named_scope("decoder_layer"):
         carry = calls[i % period](carry, jax.tree.map(lambda a, i=i: a[i], state), i)
     return carry
-
-  # -- decoding with a KV cache ------------------------------------------------
-
-  def prefill(self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array,
-              cache: kv_cache.KVCache) -> tuple[jax.Array, kv_cache.KVCache]:
-    """Runs prompts [B, T] into an empty cache; returns hidden states and the cache.
-
-    Padding tokens carry segment id 0 (left padding: every row's last prompt
-    token is then at T-1). The prompt attends with the training kernels.
-    """
-    return self._run_cached(tokens, positions, segment_ids, cache, prefill=True)
-
-  def decode_step(self, tokens: jax.Array, positions: jax.Array,
-                  cache: kv_cache.KVCache) -> tuple[jax.Array, kv_cache.KVCache]:
-    """Appends tokens [B, T] (usually T = 1) at the cache's end and attends over it."""
-    return self._run_cached(tokens, positions, jnp.ones_like(tokens), cache, prefill=False)
-
-  def _run_cached(self, tokens, positions, segment_ids, cache: kv_cache.KVCache,
-                  prefill: bool) -> tuple[jax.Array, kv_cache.KVCache]:
-    start = cache.end
-    segment_ids = segment_ids.astype(jnp.int32)
-    filled = jax.lax.dynamic_update_slice(cache.segment_ids, segment_ids, (0, start))
-    # A prefill sees only its own tokens; a decode step sees every filled slot
-    # (slot indices are positions shifted by the row's left padding, so a
-    # sliding window over slots is the window over positions).
-    info = (attention_lib.MaskInfo(segment_ids, segment_ids, 0) if prefill
-            else attention_lib.MaskInfo(segment_ids, filled, start))
-    cos, sin = rope_tables(positions, self.cfg)
-
-    # The whole cache rides in the carry and each layer writes its slice in
-    # place (passing layer slices as scan inputs/outputs copies the cache).
-    def step(carry, layer, index, window):
-      x, kv = carry
-      return layer.with_cache(x, cos, sin, info, kv, index, start, prefill, window)
-
-    x, (k, v) = self._over_layers(step, (self._embed_tokens(tokens), (cache.k, cache.v)))
-    cache = kv_cache.KVCache(k=k, v=v, segment_ids=filled, end=start + tokens.shape[1])
-    with jax.named_scope("final_norm"):
-      return self.final_norm(x), cache
 
   # -- the LM head -----------------------------------------------------------------
 

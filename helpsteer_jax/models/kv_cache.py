@@ -1,4 +1,8 @@
-"""The preallocated key/value cache of autoregressive decoding.
+"""Autoregressive decoding's key/value cache and the decoder's forward through it.
+
+`prefill` runs prompts into an empty cache and `decode_step` appends tokens
+to it; both reuse the `Decoder`'s embedding, layer scan and attention
+projections, so only decoding loads this module.
 
 One buffer per keys and values, stacked over layers like the parameters:
 [layers, batch, kv_heads, length, head_dim]. Heads come before positions so
@@ -19,7 +23,11 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from helpsteer_jax.models import attention as attention_lib
 from helpsteer_jax.models.config import ModelConfig
+from helpsteer_jax.models.decoder import Decoder
+from helpsteer_jax.models.layers import Attention, DecoderLayer
+from helpsteer_jax.models.rope import rope_tables
 from helpsteer_jax.sharding import constrain
 
 CACHE_AXES = ("layers", "batch", "kv_heads", "length", "head_dim")
@@ -66,3 +74,71 @@ def read(buffer: jax.Array, layer: jax.Array | int) -> jax.Array:
   """One layer's [batch, kv_heads, length, head_dim] slice."""
   out = jax.lax.dynamic_index_in_dim(buffer, jnp.asarray(layer, jnp.int32), 0, keepdims=False)
   return constrain(out, CACHE_AXES[1:])
+
+
+def prefill(model: Decoder, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array,
+            cache: KVCache) -> tuple[jax.Array, KVCache]:
+  """Runs prompts [B, T] into an empty cache; returns hidden states and the cache.
+
+  Padding tokens carry segment id 0 (left padding: every row's last prompt
+  token is then at T-1). The prompt attends with the training kernels.
+  """
+  return _run_cached(model, tokens, positions, segment_ids, cache, prefill=True)
+
+
+def decode_step(model: Decoder, tokens: jax.Array, positions: jax.Array,
+                cache: KVCache) -> tuple[jax.Array, KVCache]:
+  """Appends tokens [B, T] (usually T = 1) at the cache's end and attends over it."""
+  return _run_cached(model, tokens, positions, jnp.ones_like(tokens), cache, prefill=False)
+
+
+def _run_cached(model: Decoder, tokens, positions, segment_ids, cache: KVCache,
+                prefill: bool) -> tuple[jax.Array, KVCache]:
+  start = cache.end
+  segment_ids = segment_ids.astype(jnp.int32)
+  filled = jax.lax.dynamic_update_slice(cache.segment_ids, segment_ids, (0, start))
+  # A prefill sees only its own tokens; a decode step sees every filled slot
+  # (slot indices are positions shifted by the row's left padding, so a
+  # sliding window over slots is the window over positions).
+  info = (attention_lib.MaskInfo(segment_ids, segment_ids, 0) if prefill
+          else attention_lib.MaskInfo(segment_ids, filled, start))
+  cos, sin = rope_tables(positions, model.cfg)
+
+  # The whole cache rides in the carry and each layer writes its slice in
+  # place (passing layer slices as scan inputs/outputs copies the cache).
+  def step(carry, layer, index, window):
+    x, kv = carry
+    return _layer_with_cache(layer, x, cos, sin, info, kv, index, start, prefill, window)
+
+  x, (k, v) = model.over_layers(step, (model.embed_tokens(tokens), (cache.k, cache.v)))
+  cache = KVCache(k=k, v=v, segment_ids=filled, end=start + tokens.shape[1])
+  with jax.named_scope("final_norm"):
+    return model.final_norm(x), cache
+
+
+def _layer_with_cache(layer: DecoderLayer, x, cos, sin, info, kv, index, start,
+                      prefill: bool, window: int | None):
+  with jax.named_scope("input_norm"):
+    h = layer.input_norm(x)
+  with jax.named_scope("attention"):
+    h, kv = _attention_with_cache(layer.attn, h, cos, sin, info, kv, index, start, prefill,
+                                  window)
+  return layer.add_mlp(x, h), kv
+
+
+def _attention_with_cache(attn: Attention, x, cos, sin, info: attention_lib.MaskInfo, kv,
+                          layer, start, prefill: bool, window: int | None):
+  """Attention that also writes this call's keys and values into the cache.
+
+  `kv` is the (keys, values) pair of stacked cache buffers. A prefill (into
+  an empty cache) attends over its own tokens with the configured kernel;
+  a decode step attends over the cached layer (`cached_attention`).
+  """
+  q, k, v = attn.project_qkv(x, cos, sin)
+  kv = (write(kv[0], layer, start, k), write(kv[1], layer, start, v))
+  if prefill:
+    out = attn.attend(q, k, v, info, window)
+  else:
+    out = attention_lib.cached_attention(q, read(kv[0], layer), read(kv[1], layer), info,
+                                         **attn.knobs(window))
+  return attn.output(out), kv

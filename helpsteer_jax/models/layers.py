@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from helpsteer_jax.models import attention as attention_lib
-from helpsteer_jax.models import kv_cache, lora
+from helpsteer_jax.models import lora
 from helpsteer_jax.models.config import ModelConfig
 from helpsteer_jax.models.rope import apply_rope
 from helpsteer_jax.models.swiglu import apply_activation, gated_mlp
@@ -103,35 +103,17 @@ class Attention(nnx.Module):
     out = jnp.einsum("bthk,hkd->btd", attn, _w(self.o_proj, self.cfg.compute_dtype))
     return lora.add(out, self.o_lora, attn)
 
-  def _knobs(self, window: int | None) -> dict:
+  def knobs(self, window: int | None) -> dict:
     return dict(scale=self.cfg.attention_scale, window=window,
                 softcap=self.cfg.attn_logit_softcap)
 
-  def _attend(self, q, k, v, info, window):
+  def attend(self, q, k, v, info, window):
     return attention_lib.attention(q, k, v, info, self.cfg.attention_impl,
-                                   self.cfg.attention_block_size, **self._knobs(window))
+                                   self.cfg.attention_block_size, **self.knobs(window))
 
   def __call__(self, x, cos, sin, info: attention_lib.MaskInfo,
                window: int | None = None) -> jax.Array:
-    return self.output(self._attend(*self.project_qkv(x, cos, sin), info, window))
-
-  def with_cache(self, x, cos, sin, info: attention_lib.MaskInfo, kv, layer, start,
-                 prefill: bool, window: int | None = None):
-    """Attention that also writes this call's keys and values into the cache.
-
-    `kv` is the (keys, values) pair of stacked cache buffers. A prefill (into
-    an empty cache) attends over its own tokens with the configured kernel;
-    a decode step attends over the cached layer (`cached_attention`).
-    """
-    q, k, v = self.project_qkv(x, cos, sin)
-    kv = (kv_cache.write(kv[0], layer, start, k), kv_cache.write(kv[1], layer, start, v))
-    if prefill:
-      out = self._attend(q, k, v, info, window)
-    else:
-      out = attention_lib.cached_attention(
-          q, kv_cache.read(kv[0], layer), kv_cache.read(kv[1], layer), info,
-          **self._knobs(window))
-    return self.output(out), kv
+    return self.output(self.attend(*self.project_qkv(x, cos, sin), info, window))
 
 
 class MLP(nnx.Module):
@@ -185,17 +167,9 @@ class DecoderLayer(nnx.Module):
       h = self.input_norm(x)
     with jax.named_scope("attention"):
       h = self.attn(h, cos, sin, info, window)
-    return self._add_mlp(x, h)
+    return self.add_mlp(x, h)
 
-  def with_cache(self, x, cos, sin, info, kv, layer, start, prefill: bool,
-                 window: int | None = None):
-    with jax.named_scope("input_norm"):
-      h = self.input_norm(x)
-    with jax.named_scope("attention"):
-      h, kv = self.attn.with_cache(h, cos, sin, info, kv, layer, start, prefill, window)
-    return self._add_mlp(x, h), kv
-
-  def _add_mlp(self, x: jax.Array, attn_out: jax.Array) -> jax.Array:
+  def add_mlp(self, x: jax.Array, attn_out: jax.Array) -> jax.Array:
     if self.cfg.sandwich_norms:
       with jax.named_scope("attn_output_norm"):
         attn_out = self.attn_output_norm(attn_out)

@@ -15,6 +15,7 @@
 
 Every one is a `scorer.Scorer`: called on every process with the same
 conversations, it returns the same [n, 9] predictions everywhere.
+`load_reward_model` is the attribute model itself from such a path.
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ import pathlib
 
 import ml_collections
 
-from helpsteer_jax import runtime
+from helpsteer_jax import config_base, runtime, saved_params
+from helpsteer_jax.config_sections import init_config
 from helpsteer_jax.data.features.rm import RegressionTokenizer
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.models import hf, reward_hf
+from helpsteer_jax.models import families, hf, reward_hf
+from helpsteer_jax.models.reward import RewardModel
 from helpsteer_jax.scoring import remote, reward_model, rules
 from helpsteer_jax.scoring.model import ModelScorer
 from helpsteer_jax.scoring.scorer import HostScorer, PrimaryScorer, Scorer
@@ -58,11 +61,45 @@ def tokenizer_dir(section: ml_collections.ConfigDict, key: str) -> str:
                                 key=key.rsplit(".", 1)[0] + ".tokenizer")
 
 
+def load_reward_model(source: str, rt: runtime.Runtime,
+                      model: ml_collections.ConfigDict | None = None,
+                      head: str = "") -> RewardModel:
+  """The trained attribute model from `source` on `rt`'s mesh: an HF
+  *ForSequenceClassification directory, an attribute-model workdir / Orbax checkpoint,
+  or (with `head`, a head file) an HF causal-LM directory as the backbone.
+
+  An Orbax checkpoint's shapes are read from it; `model` (a
+  `config_base.model_section`, default the tiny preset) gives the family,
+  the rest of the config and the numerics.
+  """
+  config = ml_collections.ConfigDict(dict(
+      model=model.copy_and_resolve_references() if model is not None
+      else config_base.model_section("tiny"), init=init_config(checkpoint=source), seed=0))
+  if head:
+    if reward_hf.is_reward_dir(source):
+      raise ConfigError(f"{source} holds a trained head (HF sequence classification): leave"
+                        f" the head file {head} out")
+    config.init.hf_path, config.init.checkpoint, config.init.head = source, "", head
+    return reward_model.build_reward_model(config, rt)
+  if not reward_hf.is_reward_dir(source):
+    shapes, step = saved_params.param_shapes(source)
+    directory = saved_params.checkpoint_dir(source)
+    if not any(path[0] == "head" for path in shapes):
+      raise ConfigError(f"{directory} step {step} is not an attribute-model checkpoint (no"
+                        " reward head); give an attribute_model workdir or its HF export")
+    backbone = {path[1:]: shape for path, shape in shapes.items() if path[0] == "backbone"}
+    inferred = families.for_config(runtime.model_config(config)).shape_fields(backbone)
+    for name, value in inferred.items():
+      if name in config.model and name != "tie_word_embeddings" and config.model[name] is None:
+        config.model[name] = value
+  return reward_model.build_reward_model(config, rt)
+
+
 def model_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime,
                  key: str = "scorer.source") -> ModelScorer:
   """The attribute model at `section.source` (a path) on `rt`'s mesh."""
   tokenizer = hf.load_tokenizer(tokenizer_dir(section, key))
-  model = reward_model.load_reward_model(section.source, rt, section.model, section.head)
+  model = load_reward_model(section.source, rt, section.model, section.head)
   runtime.check_tokenizer_fits(tokenizer, model.cfg.vocab_size,
                                "set --config.scorer.tokenizer to the attribute model's")
   tok = RegressionTokenizer(tokenizer, int(section.max_len), section.truncation,

@@ -8,8 +8,8 @@ the parameters are read). Otherwise the backbone comes from `init.hf_path`
 (an HF causal LM, e.g. an AC-SFT export), another task's Orbax checkpoint,
 or a random initialisation, and the head from a head file written by a
 previous run (`init.head=/path/head.npz`) or zeros. `build_reward_model`
-serves the tasks that train, evaluate or export it; `load_reward_model` the
-scorers (`load.load_scorer`), from a path alone.
+serves the tasks that train, evaluate or export it; `load.load_reward_model`
+builds the config for it from a path alone (the scorers).
 """
 
 from __future__ import annotations
@@ -23,12 +23,11 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from helpsteer_jax import config_base, runtime, saved_params
+from helpsteer_jax import runtime, saved_params
 from helpsteer_jax import sharding as sharding_lib
-from helpsteer_jax.config_sections import init_config
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.models import builder, families, reward_hf
+from helpsteer_jax.models import builder, reward_hf
 from helpsteer_jax.models.reward import RewardModel, reward_model
 
 HEAD_FILE = "head.npz"
@@ -196,40 +195,6 @@ def build_reward_model(config: ml_collections.ConfigDict, rt: runtime.Runtime) -
   params = jax.device_put(params, shardings)
   nnx.replace_by_pure_dict(abstract_state, params)
   return nnx.merge(graphdef, abstract_state)
-
-
-def load_reward_model(source: str, rt: runtime.Runtime,
-                      model: ml_collections.ConfigDict | None = None,
-                      head: str = "") -> RewardModel:
-  """The trained attribute model from `source` on `rt`'s mesh: an HF
-  *ForSequenceClassification directory, an attribute-model workdir / Orbax checkpoint,
-  or (with `head`, a head file) an HF causal-LM directory as the backbone.
-
-  An Orbax checkpoint's shapes are read from it; `model` (a
-  `config_base.model_section`, default the tiny preset) gives the family,
-  the rest of the config and the numerics.
-  """
-  config = ml_collections.ConfigDict(dict(
-      model=model.copy_and_resolve_references() if model is not None
-      else config_base.model_section("tiny"), init=init_config(checkpoint=source), seed=0))
-  if head:
-    if reward_hf.is_reward_dir(source):
-      raise ConfigError(f"{source} holds a trained head (HF sequence classification): leave"
-                        f" the head file {head} out")
-    config.init.hf_path, config.init.checkpoint, config.init.head = source, "", head
-    return build_reward_model(config, rt)
-  if not reward_hf.is_reward_dir(source):
-    shapes, step = saved_params.param_shapes(source)
-    directory = saved_params.checkpoint_dir(source)
-    if not any(path[0] == "head" for path in shapes):
-      raise ConfigError(f"{directory} step {step} is not an attribute-model checkpoint (no"
-                        " reward head); give an attribute_model workdir or its HF export")
-    backbone = {path[1:]: shape for path, shape in shapes.items() if path[0] == "backbone"}
-    inferred = families.for_config(runtime.model_config(config)).shape_fields(backbone)
-    for name, value in inferred.items():
-      if name in config.model and name != "tie_word_embeddings" and config.model[name] is None:
-        config.model[name] = value
-  return build_reward_model(config, rt)
 
 
 def require_trained(config: ml_collections.ConfigDict, what: str) -> None:

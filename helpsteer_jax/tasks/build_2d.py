@@ -29,6 +29,7 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.scoring import segments
 from helpsteer_jax.scoring.load import load_scorer
 from helpsteer_jax.tasks import setup as setup_lib
+from helpsteer_jax.tasks import setup_2d
 from helpsteer_jax.tasks import summary as summary_lib
 
 
@@ -38,7 +39,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     raise ConfigError(f"segment_score={config.segment_score!r}; choose one of"
                       f" {segments.MODES}")
   setup = setup_lib.prepare(config, workdir, tokenizer=False, model=False)
-  source = config.data.input_path or setup_lib.demo_2d_files(workdir, config.data.demo_rows, 0)[0]
+  source = config.data.input_path or setup_2d.demo_2d_files(workdir, config.data.demo_rows, 0)[0]
   report = BadRecordReport()
   plain = helpsteer_2d.read_plain_pairs(source, config.data.split, config.data.on_bad_record,
                                         report)

@@ -34,6 +34,7 @@ from helpsteer_jax.losses import dpo2d
 from helpsteer_jax.losses.pair_logprobs import preference_loss
 from helpsteer_jax.models import builder
 from helpsteer_jax.tasks import setup as setup_lib
+from helpsteer_jax.tasks import setup_2d
 from helpsteer_jax.tasks import summary as summary_lib
 from helpsteer_jax.train import abstract_step, export, loop, reference
 from helpsteer_jax.train import state as state_lib
@@ -75,7 +76,7 @@ def data_sources(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> tu
   data = config.data
   if data.train_path:
     return data.train_path, data.validation_path
-  return setup_lib.demo_2d_files(workdir, data.demo_train_pairs, data.demo_validation_pairs)
+  return setup_2d.demo_2d_files(workdir, data.demo_train_pairs, data.demo_validation_pairs)
 
 
 def load_features(path: str, config, cfg: dpo2d.PreferenceLossConfig, tokenizer) -> list:

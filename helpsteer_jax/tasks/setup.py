@@ -3,7 +3,8 @@
 `prepare` builds the mesh and rules, checks that the workdir can be written,
 and loads the tokenizer checked against the model config. The `*_sources`
 helpers return the configured data, or write the demo data once (process 0)
-and return it.
+and return it. The HelpSteer-2D demo pairs are in `setup_2d`, so that the
+tasks that do not train on pairs load no pair formats.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from typing import Any, Callable
 import ml_collections
 
 from helpsteer_jax import runtime
-from helpsteer_jax.data.demo import pairs_2d as demo_pairs_2d
 from helpsteer_jax.data.demo import rows as demo_rows
 from helpsteer_jax.models import hf
 from helpsteer_jax.models.config import ModelConfig
@@ -68,9 +68,3 @@ def preference_sources(config: ml_collections.ConfigDict,
   return _configured_or_demo(config, workdir, "preference/preference.jsonl.gz",
                              demo_rows.write_demo_preference)
 
-
-def demo_2d_files(workdir: pathlib.Path, num_train: int, num_validation: int) -> tuple[str, str]:
-  """(train, validation) HelpSteer-2D demo files, written once."""
-  demo_dir = runtime.write_once(workdir / "demo_2d", "validation.jsonl", lambda d: (
-      demo_pairs_2d.write_demo_2d(d, num_train, num_validation)))
-  return str(demo_dir / "train.jsonl"), str(demo_dir / "validation.jsonl")
