@@ -128,7 +128,7 @@ def _check_shapes(saved: dict, target: dict, directory: pathlib.Path) -> None:
       raise ConfigError(
           f"{directory}: parameter {name} is {None if got is None else tuple(got.shape)} in"
           f" the checkpoint but {tuple(leaf.shape)} in this model; set the model shape"
-          " (model.preset / init.hf_path / --config.model.hidden_size=...) to the one"
+          " (model.name / init.hf_path / --config.model.hidden_size=...) to the one"
           " that wrote the checkpoint")
 
 
@@ -206,7 +206,7 @@ def load_reward_model(source: str, rt: runtime.Runtime,
   or (with `head`, a head file) an HF causal-LM directory as the backbone.
 
   An Orbax checkpoint's shapes are read from it; `model` (a
-  `config_base.model_section`, default the tiny preset) gives the family,
+  `config_base.model_section`, default the tiny model) gives the family,
   the rest of the config and the numerics.
   """
   config = ml_collections.ConfigDict(dict(
