@@ -52,7 +52,7 @@ BLOCK = 512
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-  preset: str      # configs/acsft.py preset and model preset
+  preset: str      # configs/acsft.py preset (also the model's name)
   maxtext: str     # MaxText model_name
   topology: str
 

@@ -197,12 +197,13 @@ def bench_train_config(hf_dir: str, batch: int, seq: int, *, lr: float, betas, w
   return config
 
 
-def hf_llama_config(preset: str = "bench_100m", **overrides):
-  """A transformers LlamaConfig with the same shape as one of our presets."""
+def hf_llama_config(name: str = "bench_100m", **overrides):
+  """A transformers LlamaConfig with the same shape as one of our named models
+  (models/catalog.py)."""
   import transformers
 
-  from helpsteer_jax.models import presets
-  cfg = presets.get_preset(preset)
+  from helpsteer_jax.models import catalog
+  cfg = catalog.model_config(name)
   return cfg, transformers.LlamaConfig(
       vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
       intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
@@ -233,7 +234,7 @@ def torch_sft_step(model, opt, params, inputs, labels, clip: float) -> float:
   return float(loss)
 
 
-def bench_model_pair(attention: str, preset: str = "bench_100m"):
+def bench_model_pair(attention: str, name: str = "bench_100m"):
   """(ModelConfig, transformers model, our model) with identical random weights."""
   import tempfile
 
@@ -242,7 +243,7 @@ def bench_model_pair(attention: str, preset: str = "bench_100m"):
 
   from helpsteer_jax.models import hf
   torch.manual_seed(0)
-  cfg, hf_cfg = hf_llama_config(preset, attn_implementation="sdpa")
+  cfg, hf_cfg = hf_llama_config(name, attn_implementation="sdpa")
   pt_model = transformers.LlamaForCausalLM(hf_cfg).eval()
   with tempfile.TemporaryDirectory() as tmp:
     pt_model.save_pretrained(tmp)

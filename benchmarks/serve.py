@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 import openai  # noqa: E402
 
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer  # noqa: E402
-from helpsteer_jax.models import builder, hf, presets  # noqa: E402
+from helpsteer_jax.models import builder, catalog, hf  # noqa: E402
 
 TOPICS = ["rivers", "bread", "volcanoes", "chess", "owls", "glass", "tides", "maps"]
 
@@ -76,10 +76,10 @@ def _ask(client: openai.OpenAI, prompt: str, max_tokens: int) -> tuple[int, floa
   return reply.usage.completion_tokens, time.perf_counter() - start
 
 
-def bench(name: str, preset: str, requests: int, max_tokens: int, max_batch: int) -> dict:
+def bench(name: str, model: str, requests: int, max_tokens: int, max_batch: int) -> dict:
   with tempfile.TemporaryDirectory() as tmp:
     tok = demo_tokenizer.build_demo_tokenizer(f"{tmp}/tok")
-    cfg = presets.get_preset(preset)
+    cfg = catalog.model_config(model)
     hf.save_hf_model(builder.create(cfg, seed=0), f"{tmp}/hf", dtype="float32", tokenizer=str(tok))
     port = free_port()
     proc = _start(f"{tmp}/hf", port, max_batch)
@@ -123,8 +123,8 @@ def main() -> None:
   parser.add_argument("--max-tokens", type=int, default=64)
   parser.add_argument("--max-batch", type=int, default=16)
   args = parser.parse_args()
-  presets_of = {"demo": "tiny", "bench_100m": "bench_100m"}
-  rows = [bench(m, presets_of[m], args.requests, args.max_tokens, args.max_batch)
+  model_of = {"demo": "tiny", "bench_100m": "bench_100m"}
+  rows = [bench(m, model_of[m], args.requests, args.max_tokens, args.max_batch)
           for m in args.models.split(",")]
   common.write_result("serve", {"benchmark": "serve", "machine": common.machine(),
                                 "results": rows})

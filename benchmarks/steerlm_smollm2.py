@@ -69,7 +69,7 @@ def train(args, base: pathlib.Path, root: pathlib.Path) -> dict:
   if args.rm_steps and not finished(root / "attribute_model"):
     times["attribute_model_s"] = run_task(
         "configs/attribute_model.py", root / "attribute_model", *common_args,
-        "--config.model.preset=smollm2_135m", f"--config.train.num_steps={args.rm_steps}",
+        "--config.model.name=smollm2_135m", f"--config.train.num_steps={args.rm_steps}",
         "--config.optimizer.lr=5e-5",
         f"--config.optimizer.warmup_steps={min(5, args.rm_steps - 1)}")
   return times

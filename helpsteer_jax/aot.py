@@ -287,7 +287,7 @@ def analyze(config: ml_collections.ConfigDict, topology: Topology, devices: list
   report = dict(
       task=config.task, topology=topology.name, libtpu_topology=topology.libtpu_name,
       slices=topology.slices, chips=len(devices), device_kind=devices[0].device_kind,
-      mesh=dict(spec.rt.mesh.shape), model=config.model.preset, params=spec.num_params,
+      mesh=dict(spec.rt.mesh.shape), model=config.model.name, params=spec.num_params,
       remat_policy=model_cfg.remat_policy, attention_impl=model_cfg.attention_impl,
       seq_len=config.train.seq_len, global_batch=config.train.global_batch,
       micro_batch=config.train.micro_batch,

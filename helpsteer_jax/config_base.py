@@ -48,10 +48,11 @@ def unknown_preset(task: str, preset: str, presets: tuple[str, ...]) -> ConfigEr
   return ConfigError(f"unknown {task} preset {preset!r}; choose one of {', '.join(presets)}")
 
 
-def model_section(preset: str = "tiny", **knobs: Any) -> ml_collections.ConfigDict:
-  """The `config.model` section: a preset or an HF directory, plus knobs."""
+def model_section(name: str = "tiny", **knobs: Any) -> ml_collections.ConfigDict:
+  """The `config.model` section: a named model (models/catalog.py) or an HF directory's
+  (`init.hf_path`), plus knobs."""
   section = ml_collections.ConfigDict()
-  section.preset = preset
+  section.name = name
   section.dtype = "float32"
   section.param_dtype = "float32"
   section.remat_policy = "none"
@@ -75,9 +76,11 @@ def init_section(**overrides: Any) -> ml_collections.ConfigDict:
   return section
 
 
-# The keys `config.init` replaced (main.py names the new one when an old one is given).
-INIT_RENAMED = {"model.hf_path": "init.hf_path", "model.init_checkpoint": "init.checkpoint",
-                "checkpoint": "init.checkpoint", "checkpoint_step": "init.step"}
+# Renamed keys of a task's model: where its weights come from (now `config.init`) and its
+# name (main.py names the new key when an old one is given).
+MODEL_RENAMED = {"model.hf_path": "init.hf_path", "model.init_checkpoint": "init.checkpoint",
+                 "checkpoint": "init.checkpoint", "checkpoint_step": "init.step",
+                 "model.preset": "model.name"}
 
 
 def lora_section(**overrides: Any) -> ml_collections.ConfigDict:

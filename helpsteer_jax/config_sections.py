@@ -17,11 +17,12 @@ from helpsteer_jax import config_base
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.data.template import DEFAULT_SYSTEM, TURN_START
 
-# The published model shapes of models/presets.py (tests/test_presets.py keeps them equal).
-MODEL_PRESETS = ("tiny", "bench_100m", "smollm2_135m", "llama2_7b", "llama2_13b", "llama2_70b",
-                 "llama3_8b", "llama3_70b", "llama3_1_8b", "llama3_1_70b", "llama3_2_1b",
-                 "llama3_2_3b", "mistral_7b", "qwen2_7b", "qwen3_0_6b", "qwen3_8b", "gemma2_2b",
-                 "gemma2_9b")
+# The names of models/catalog.py's published model shapes (tests/test_catalog.py keeps them
+# equal).
+MODEL_NAMES = ("tiny", "bench_100m", "smollm2_135m", "llama2_7b", "llama2_13b", "llama2_70b",
+               "llama3_8b", "llama3_70b", "llama3_1_8b", "llama3_1_70b", "llama3_2_1b",
+               "llama3_2_3b", "mistral_7b", "qwen2_7b", "qwen3_0_6b", "qwen3_8b", "gemma2_2b",
+               "gemma2_9b")
 
 # Generation ends at the next turn marker (NeMo's SteerLM template).
 DEFAULT_STOP_STRINGS = (TURN_START,)
@@ -126,7 +127,7 @@ def scorer_section(**overrides) -> ml_collections.ConfigDict:
   section = ml_collections.ConfigDict(dict(
       source="",        # a run, an HF reward dir, a server URL, demo_rules or module:function
       head="",          # with an HF causal-LM directory as the source: its head.npz
-      # the family and numerics (a preset's); the shapes are the source's own
+      # the family and numerics (a named model's); the shapes are the source's own
       model=config_base.model_section("tiny"),
       tokenizer="",     # "" = the source's (an HF directory's, a run's hf/ or demo tokenizer)
       batch_size=16,    # rows per compiled scoring batch (a server: texts per request)
@@ -139,10 +140,12 @@ def scorer_section(**overrides) -> ml_collections.ConfigDict:
   return section
 
 
-# Keys the scoring tasks had before `config.scorer` (main.py names the new one).
+# Keys the scoring tasks had before `config.scorer`, and the scorer's model's old name key
+# (main.py names the new one).
 SCORING_RENAMED = {
     "init.checkpoint": "scorer.source", "init.head": "scorer.head", "model": "scorer.model",
-    "model.hf_path": "scorer.source",
+    "model.hf_path": "scorer.source", "model.preset": "scorer.model.name",
+    "scorer.model.preset": "scorer.model.name",
     "tokenizer": "scorer.tokenizer", "score.batch_size": "scorer.batch_size",
     "score.max_len": "scorer.max_len",
     "score.pad_multiple": "removed: scoring pads to fixed length buckets (scorer.max_len)",

@@ -15,11 +15,10 @@ from jax.sharding import Mesh
 from helpsteer_jax import config_base, processes, saved_params
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.models import builder
+from helpsteer_jax.models import builder, catalog
 from helpsteer_jax.models import lora as lora_lib
 from helpsteer_jax.models.config import ModelConfig
 from helpsteer_jax.models.lora import LoraConfig
-from helpsteer_jax.models.presets import get_preset
 
 
 @dataclasses.dataclass
@@ -47,13 +46,13 @@ def setup(config: ml_collections.ConfigDict, devices: list | None = None) -> Run
 
 
 def model_config(config: ml_collections.ConfigDict, weights: bool = True) -> ModelConfig:
-  """The model config: from `init.hf_path`'s config.json or the preset.
+  """The model config: from `init.hf_path`'s config.json or the named model's (`model.name`).
 
   With `weights=False` (compile-only runs) a recipe that trains published
-  weights falls back to the preset's shapes when no HF directory is given.
+  weights falls back to the named model's shapes when no HF directory is given.
   """
   if weights and config.get("require_hf_path") and not config.init.hf_path:
-    raise ConfigError(f"this recipe trains the published {config.model.preset} weights: set"
+    raise ConfigError(f"this recipe trains the published {config.model.name} weights: set"
                       " --config.init.hf_path=/path/to/the/HF/checkpoint/directory")
   if config.init.hf_path:
     from helpsteer_jax.models import hf
@@ -191,7 +190,7 @@ def lora_config(model: ml_collections.ConfigDict) -> LoraConfig | None:
 
 def build_model_config(model: ml_collections.ConfigDict, base: ModelConfig | None = None,
                        source: str = "the HF checkpoint") -> ModelConfig:
-  """`ModelConfig` from the preset (or `base`, read from `source`, e.g. an HF dir) + knobs."""
+  """`ModelConfig` from the named model (or `base`, read from `source`, e.g. an HF dir) + knobs."""
   overrides = {
       "dtype": model.dtype,
       "param_dtype": model.param_dtype,
@@ -208,7 +207,7 @@ def build_model_config(model: ml_collections.ConfigDict, base: ModelConfig | Non
   if base is not None:
     _check_checkpoint_shape(source, base, overrides)
     return dataclasses.replace(base, **overrides)
-  return get_preset(model.preset, **overrides)
+  return catalog.model_config(model.name, **overrides)
 
 
 def _check_checkpoint_shape(source: str, base: ModelConfig, overrides: dict[str, Any]) -> None:

@@ -113,7 +113,7 @@ def restore_params(path: str | pathlib.Path, abstract_params: Any,
       raise ConfigError(
           f"checkpoint {directory}/{step}: parameter {name} has shape {saved[key]} but the"
           f" model config gives {tuple(want.shape)}; pass the same --config.model.*"
-          " (preset and shape) as the training run")
+          " (model name and shape) as the training run")
   target = {"params": abstract_params}
   args = ocp.args.PyTreeRestore(
       item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),

@@ -21,7 +21,7 @@ import pytest
 from helpsteer_jax.config_sections import DEMO_SHAPE
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.data.records import ATTRIBUTES
-from helpsteer_jax.models import builder, hf, presets
+from helpsteer_jax.models import builder, catalog, hf
 from helpsteer_jax.scoring import reward_model
 
 from conftest import REPO_ROOT
@@ -34,10 +34,10 @@ MAX_LENGTH = 512
 def write_models(root) -> None:
   """The policy (`root/policy`), the attribute model (`root/rm`) and its head file."""
   tok_dir = demo_tokenizer.build_demo_tokenizer(root / "tok")
-  policy = builder.create(presets.get_preset("tiny", initializer_range=0.1), seed=0)
+  policy = builder.create(catalog.model_config("tiny", initializer_range=0.1), seed=0)
   hf.save_hf_model(policy, root / "policy", dtype="float32", tokenizer=str(tok_dir))
   # The attribute model: a demo-shaped backbone and a random head file.
-  cfg = presets.get_preset("tiny", **DEMO_SHAPE)
+  cfg = catalog.model_config("tiny", **DEMO_SHAPE)
   hf.save_hf_model(builder.create(cfg, seed=1), root / "rm", dtype="float32",
                    tokenizer=str(tok_dir))
   rng = np.random.default_rng(0)

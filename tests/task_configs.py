@@ -7,7 +7,7 @@ import ml_collections
 
 from conftest import REPO_ROOT
 
-TINY_SHAPE = dict(preset="tiny", hidden_size=64, intermediate_size=176, num_layers=2,
+TINY_SHAPE = dict(name="tiny", hidden_size=64, intermediate_size=176, num_layers=2,
                   num_heads=4, num_kv_heads=2, attention_block_size=32)
 
 
@@ -18,7 +18,7 @@ def short_config(task: str, export: bool = False, **sections) -> ml_collections.
   if "model" in cfg:
     cfg.model.update(TINY_SHAPE)
   if "scorer" in cfg:  # the attribute model's shapes are its source's
-    cfg.scorer.model.update(preset="tiny", attention_block_size=32)
+    cfg.scorer.model.update(name="tiny", attention_block_size=32)
     cfg.scorer.update(batch_size=8, max_len=128)
   if "train" in cfg:
     cfg.train.update(num_steps=4, global_batch=8, micro_batch=8, seq_len=128, log_every=1,

@@ -23,7 +23,7 @@ from helpsteer_jax.data.formats import helpsteer
 from helpsteer_jax.data.records import ATTRIBUTES, HELPSTEER_ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import loading, steering
-from helpsteer_jax.models import builder, hf, presets
+from helpsteer_jax.models import builder, catalog, hf
 
 from cli_utils import run_main
 
@@ -48,7 +48,7 @@ def base_export(request, tmp_path_factory):
   else:
     tok_dir = request.getfixturevalue("sentencepiece_dir")
   vocab = len(hf.load_tokenizer(tok_dir))
-  model = builder.create(presets.get_preset("tiny", vocab_size=vocab), seed=0)
+  model = builder.create(catalog.model_config("tiny", vocab_size=vocab), seed=0)
   hf.save_hf_model(model, out / "hf", dtype="float32", tokenizer=str(tok_dir))
   return out / "hf"
 
@@ -57,7 +57,7 @@ def test_a_bare_sentencepiece_model_is_exported_with_its_class(sentencepiece_dir
   """Reference: the `sentencepiece` library. AutoTokenizer on the export must keep the
   dummy prefix space that `hf.load_tokenizer` (training) keeps."""
   import sentencepiece
-  model = builder.create(presets.get_preset("tiny", vocab_size=32000), seed=0)
+  model = builder.create(catalog.model_config("tiny", vocab_size=32000), seed=0)
   hf.save_hf_model(model, tmp_path / "hf", dtype="float32", tokenizer=str(sentencepiece_dir))
   sp = sentencepiece.SentencePieceProcessor(model_file=str(sentencepiece_dir / "tokenizer.model"))
   text = "<extra_id_0>System\nWhat is 7 times 8? Ünïcödé 🙂\n"

@@ -19,7 +19,7 @@ from helpsteer_jax import sharding
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import decode
 from helpsteer_jax.inference.sampling import SamplingConfig
-from helpsteer_jax.models import builder, families, hf, kv_cache, presets
+from helpsteer_jax.models import builder, catalog, families, hf, kv_cache
 from helpsteer_jax.models.kv_cache import KVCache
 
 PROMPTS = [[1, 17, 99, 4, 250, 33, 7], [1, 5], [1, 200, 201, 202, 9, 8, 7, 6, 5, 4, 3, 120]]
@@ -135,16 +135,16 @@ _GEMMA2 = dict(families.get("gemma2").config_fields(), num_layers=3, sliding_win
     ("xla", True, {}), ("blockwise", True, {}), ("xla", False, {}),
     ("blockwise", True, _GEMMA2)], ids=["xla", "blockwise", "unscanned", "gemma2"])
 def test_cached_logits_equal_full_recompute(impl, scan, family):
-  cfg = presets.get_preset("tiny", **family, attention_impl=impl, attention_block_size=4,
-                           initializer_range=0.1, scan_layers=scan)
+  cfg = catalog.model_config("tiny", **family, attention_impl=impl, attention_block_size=4,
+                             initializer_range=0.1, scan_layers=scan)
   model = builder.create(cfg, seed=3)
   cached, full = _cached_vs_full(model, PROMPTS, steps=10)
   np.testing.assert_allclose(cached, full, atol=1e-4, rtol=0)
 
 
 def test_tensor_parallel_decode_matches_one_device():
-  cfg = presets.get_preset("tiny", num_heads=8, num_kv_heads=4, head_dim=16,
-                           initializer_range=0.1)
+  cfg = catalog.model_config("tiny", num_heads=8, num_kv_heads=4, head_dim=16,
+                             initializer_range=0.1)
   single = builder.create(cfg, seed=1)
   mesh = sharding.make_mesh((2, 1, 4))  # 8 devices: 2-way data, 4-way tensor
   sharded = builder.init_model(cfg, mesh, sharding.DEFAULT_RULES, seed=1)
@@ -159,7 +159,7 @@ def test_tensor_parallel_decode_matches_one_device():
 
 
 def test_one_compile_per_bucket_and_eos_ends_rows():
-  model = builder.create(presets.get_preset("tiny", initializer_range=0.1), seed=0)
+  model = builder.create(catalog.model_config("tiny", initializer_range=0.1), seed=0)
   dec = decode.Sampler(model, _one_device(), max_length=64)
   first = dec.generate(PROMPTS, max_new_tokens=8)
   dec.generate([[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]], max_new_tokens=8)
@@ -180,7 +180,7 @@ def test_one_compile_per_bucket_and_eos_ends_rows():
 
 
 def test_sampling_is_reproducible_with_a_seed():
-  model = builder.create(presets.get_preset("tiny", initializer_range=0.05), seed=0)
+  model = builder.create(catalog.model_config("tiny", initializer_range=0.05), seed=0)
   dec = decode.Sampler(model, _one_device(), max_length=64)
   hot = SamplingConfig(temperature=1.0, top_k=50, top_p=0.95)
   a = dec.generate(PROMPTS, max_new_tokens=16, sampling=hot, seed=7)
@@ -191,7 +191,7 @@ def test_sampling_is_reproducible_with_a_seed():
 
 
 def test_bad_prompts_raise_clear_errors():
-  model = builder.create(presets.get_preset("tiny"), seed=0)
+  model = builder.create(catalog.model_config("tiny"), seed=0)
   dec = decode.Sampler(model, _one_device(), max_length=32)
   with pytest.raises(ConfigError, match="prompt 1 is empty"):
     dec.generate([[1, 2], []], max_new_tokens=4)

@@ -18,7 +18,7 @@ from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.inference import decode, generator, steering
 from helpsteer_jax.inference import engine as engine_lib
 from helpsteer_jax.inference import sampling as sampling_lib
-from helpsteer_jax.models import builder, hf, presets
+from helpsteer_jax.models import builder, catalog, hf
 
 PROMPTS = [("What is 2 plus 3?", 2), ("Name a colour", 4),
            ("Tell me a long story about dragons, castles and a very old wizard", 0), ("hi", 1)]
@@ -44,7 +44,7 @@ COMPILES = CompileCounter()
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
   tok = hf.load_tokenizer(demo_tokenizer.build_demo_tokenizer(tmp_path_factory.mktemp("tok")))
-  model = builder.create(presets.get_preset("tiny", initializer_range=0.1), seed=0)
+  model = builder.create(catalog.model_config("tiny", initializer_range=0.1), seed=0)
   mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
   gen = generator.Generator(decode.Sampler(model, mesh, max_length=96), tok)
   eng = engine_lib.Engine(model, mesh, tok, max_batch=4, max_length=96, chunk_steps=8,

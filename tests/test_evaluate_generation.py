@@ -22,7 +22,7 @@ from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError, DataError
 from helpsteer_jax.eval import mt_bench_data, mt_bench_grading
 from helpsteer_jax.eval.mt_bench_answers import conversation
-from helpsteer_jax.models import presets, reward_hf
+from helpsteer_jax.models import catalog, reward_hf
 from helpsteer_jax.models.reward import reward_model
 from helpsteer_jax.scoring.load import load_scorer
 from helpsteer_jax.scoring.rewards import weight_vector
@@ -47,7 +47,7 @@ def models(tmp_path_factory):
   root = tmp_path_factory.mktemp("models")
   write_models(root)
   # An attribute model as an HF reward directory: the demo shape, a random head.
-  model = reward_model(presets.get_preset("tiny", **DEMO_SHAPE), seed=1)
+  model = reward_model(catalog.model_config("tiny", **DEMO_SHAPE), seed=1)
   kernel = model.head.kernel
   kernel[...] = np.random.default_rng(0).normal(size=kernel[...].shape).astype(np.float32)
   reward_hf.save_reward_hf(model, root / "rm_hf", dtype="float32", tokenizer=str(root / "tok"))

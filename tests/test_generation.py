@@ -28,7 +28,7 @@ from helpsteer_jax.inference import (
   steering,
 )
 from helpsteer_jax.inference.sampling import SamplingConfig
-from helpsteer_jax.models import builder, hf, presets
+from helpsteer_jax.models import builder, catalog, hf
 from helpsteer_jax.scoring import rewards as rewards_lib
 from helpsteer_jax.scoring.load import load_scorer
 
@@ -43,7 +43,7 @@ def _mesh():
 
 
 def _generator(tokenizer, stop_strings=generator.DEFAULT_STOP_STRINGS, **cfg):
-  cfg = presets.get_preset("tiny", initializer_range=0.1, **cfg)
+  cfg = catalog.model_config("tiny", initializer_range=0.1, **cfg)
   dec = decode.Sampler(builder.create(cfg, seed=0), _mesh(), max_length=96)
   return generator.Generator(dec, tokenizer, stop_strings)
 
@@ -274,8 +274,8 @@ def test_loads_params_from_a_training_checkpoint(tmp_path):
   config = _task_config()
   config.mesh = config_base.mesh_config(2, 2, 2)  # saved on 4 devices, loaded on 8
   rt_mesh = sharding.make_mesh((1, 2, 2), jax.devices()[:4])
-  shape = dict(hidden_size=32, intermediate_size=96, num_layers=3)  # not the preset's
-  model = builder.init_model(presets.get_preset("tiny", **shape), rt_mesh,
+  shape = dict(hidden_size=32, intermediate_size=96, num_layers=3)  # not the named model's
+  model = builder.init_model(catalog.model_config("tiny", **shape), rt_mesh,
                              sharding.DEFAULT_RULES, 4)
   want = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model)))
   parts = state_lib.split_model(model, rt_mesh, sharding.DEFAULT_RULES)  # donated below
@@ -306,7 +306,7 @@ def test_loads_params_from_a_training_checkpoint(tmp_path):
 def test_generate_task_from_the_command_line(tmp_path, tokenizer):
   from cli_utils import run_main
   tok_dir = demo_tokenizer.build_demo_tokenizer(tmp_path / "tok")
-  model = builder.create(presets.get_preset("tiny", initializer_range=0.1), seed=0)
+  model = builder.create(catalog.model_config("tiny", initializer_range=0.1), seed=0)
   hf.save_hf_model(model, tmp_path / "hf", dtype="float32", tokenizer=str(tok_dir))
   inp = tmp_path / "in.jsonl"
   inp.write_text("\n".join(json.dumps(r) for r in [
@@ -350,7 +350,7 @@ def test_generate_task_rejects_bad_attributes_before_loading(tmp_path, flag, mes
 def test_chat_mode_of_the_task(tmp_path, monkeypatch, capsys):
   from helpsteer_jax.tasks import generate as generate_task
   tok_dir = demo_tokenizer.build_demo_tokenizer(tmp_path / "tok")
-  model = builder.create(presets.get_preset("tiny", initializer_range=0.1), seed=0)
+  model = builder.create(catalog.model_config("tiny", initializer_range=0.1), seed=0)
   hf.save_hf_model(model, tmp_path / "hf", dtype="float32", tokenizer=str(tok_dir))
   config = _task_config()
   config.init.hf_path = str(tmp_path / "hf")

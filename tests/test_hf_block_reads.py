@@ -9,10 +9,10 @@ import pytest
 from flax import nnx
 
 from helpsteer_jax import sharding
-from helpsteer_jax.models import hf, presets
+from helpsteer_jax.models import catalog, hf
 from helpsteer_jax.models import safetensors_io as st
 
-CFG = presets.get_preset("tiny", attention_bias=True, tie_word_embeddings=False)
+CFG = catalog.model_config("tiny", attention_bias=True, tie_word_embeddings=False)
 
 
 def _blocks(shape):

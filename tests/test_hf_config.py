@@ -1,23 +1,23 @@
 """HF `config.json` <-> `ModelConfig` for every family: round trips of the
-presets through transformers 5 `AutoConfig`, v4-style RoPE, and the
+named models through transformers 5 `AutoConfig`, v4-style RoPE, and the
 settings a family cannot import or export (named in the error)."""
 
 import json
 
 import pytest
 
-from helpsteer_jax.models import hf, presets
+from helpsteer_jax.models import catalog, hf
 from helpsteer_jax.models.config import RopeScaling
 
 transformers = pytest.importorskip("transformers")
 
 
-def test_config_round_trip_presets(tmp_path):
+def test_config_round_trip_named_models(tmp_path):
   """config_from_hf(config_to_hf(cfg)) == cfg, and transformers 5
   `AutoConfig` reads what we write."""
   for name in ("llama2_7b", "llama3_1_70b", "llama3_2_1b", "mistral_7b", "qwen2_7b",
                "qwen3_8b", "gemma2_2b", "smollm2_135m"):
-    cfg = presets.get_preset(name)
+    cfg = catalog.model_config(name)
     raw = hf.config_to_hf(cfg, "bfloat16")
     assert hf.config_from_hf(raw) == cfg, name
     (tmp_path / "config.json").write_text(json.dumps(raw))
@@ -32,7 +32,7 @@ def test_config_round_trip_presets(tmp_path):
 
 def test_v4_style_rope_scaling():
   """Llama 3.1 configs written by transformers 4 (`rope_scaling` + `type`)."""
-  raw = hf.config_to_hf(presets.get_preset("llama3_1_8b"))
+  raw = hf.config_to_hf(catalog.model_config("llama3_1_8b"))
   raw.pop("rope_parameters")
   raw["rope_scaling"] = {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0,
@@ -42,8 +42,8 @@ def test_v4_style_rope_scaling():
   assert cfg.param_dtype == "bfloat16"
 
 
-def _llama_raw(preset="tiny", **changes):
-  raw = hf.config_to_hf(presets.get_preset(preset))
+def _llama_raw(name="tiny", **changes):
+  raw = hf.config_to_hf(catalog.model_config(name))
   raw.update(changes)
   return raw
 
@@ -68,11 +68,11 @@ def test_unsupported_configs(raw, message):
     hf.config_from_hf(raw)
 
 
-@pytest.mark.parametrize("preset,knob", [
+@pytest.mark.parametrize("name,knob", [
     ("tiny", dict(attention_bias=True)), ("tiny", dict(qk_norm=True)),
     ("qwen3_0_6b", dict(sliding_window=64)), ("gemma2_2b", dict(norm_unit_offset=False))])
-def test_unexportable_config(preset, knob):
+def test_unexportable_config(name, knob):
   """A knob the family's HF format fixes otherwise is refused on export."""
-  cfg = presets.get_preset(preset, **knob)
+  cfg = catalog.model_config(name, **knob)
   with pytest.raises(hf.UnsupportedCheckpointError, match=next(iter(knob))):
     hf.config_to_hf(cfg)

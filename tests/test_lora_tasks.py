@@ -22,7 +22,7 @@ from helpsteer_jax.config_base import SHAPE_FIELDS
 from helpsteer_jax.data import chat_template
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.data.records import ATTRIBUTES
-from helpsteer_jax.models import builder, hf, presets
+from helpsteer_jax.models import builder, catalog, hf
 from helpsteer_jax.tasks import acsft, attribute_model, generate
 
 ATOL = 1e-4
@@ -33,8 +33,8 @@ def base_dir(tmp_path_factory):
   """A tiny random causal LM with the demo tokenizer, as an HF directory."""
   root = tmp_path_factory.mktemp("base")
   tok = demo_tokenizer.build_demo_tokenizer(root / "tok")
-  shape = {k: v for k, v in TINY_SHAPE.items() if k not in ("preset", "attention_block_size")}
-  model = builder.create(presets.get_preset("tiny", initializer_range=0.1, **shape), seed=0)
+  shape = {k: v for k, v in TINY_SHAPE.items() if k not in ("name", "attention_block_size")}
+  model = builder.create(catalog.model_config("tiny", initializer_range=0.1, **shape), seed=0)
   hf.save_hf_model(model, root / "hf", dtype="float32", tokenizer=str(tok))
   return root / "hf"
 

@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from helpsteer_jax import sharding
-from helpsteer_jax.models import attention, builder, families, presets
+from helpsteer_jax.models import attention, builder, catalog, families
 
 # A tiny Gemma 2: every family knob on, three layers (sliding, full, sliding:
 # one scanned pair plus an unrolled remainder), a window shorter than the rows.
@@ -18,7 +18,7 @@ GEMMA2 = dict(families.get("gemma2").config_fields(), num_layers=3, head_dim=16,
 
 
 def _model(family=None, **overrides):
-  return builder.create(presets.get_preset("tiny", **(family or {}), **overrides))
+  return builder.create(catalog.model_config("tiny", **(family or {}), **overrides))
 
 
 def _with_cfg(model, family=None, **changes):

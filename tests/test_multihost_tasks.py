@@ -26,7 +26,7 @@ from mt_bench_utils import JUDGE, QUESTIONS, StubJudge, write_mt_bench
 
 from helpsteer_jax.data.demo import rows as demo
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
-from helpsteer_jax.models import builder, hf, presets
+from helpsteer_jax.models import builder, catalog, hf
 from helpsteer_jax.scoring import reward_model
 
 from cli_utils import run_main
@@ -57,7 +57,7 @@ def inputs(tmp_path_factory) -> dict:
   tokenizer = demo_tokenizer.build_demo_tokenizer(root / "tokenizer")
   # The attribute model: a random HF backbone of MODEL's shape and a head file.
   shape = {flag.split(".")[-1].split("=")[0]: int(flag.split("=")[1]) for flag in MODEL}
-  hf.save_hf_model(builder.create(presets.get_preset("tiny", **shape), seed=0),
+  hf.save_hf_model(builder.create(catalog.model_config("tiny", **shape), seed=0),
                    root / "backbone", dtype="float32", tokenizer=str(tokenizer))
   reward_model.save_head(root / "head.npz", {
       "kernel": rng.normal(size=(64, 9)).astype(np.float32),

@@ -189,8 +189,8 @@ def test_steerlm_marker_is_several_tokens_and_stops_generation(tokenizer, ours):
 def _trained_model(workdir):
   """The AC-SFT run's last Orbax checkpoint as our model (one device)."""
   cfg = runpy.run_path(str(REPO_ROOT / "configs" / "generate.py"))["get_config"]()
-  cfg.checkpoint = str(workdir)
-  cfg.model.preset = "smollm2_135m"
+  cfg.init.checkpoint = str(workdir)
+  cfg.model.name = "smollm2_135m"
   cfg.mesh.update(data=1, fsdp=1, tensor=1)
   return loading.load_model(cfg, runtime.setup(cfg, jax.devices()[:1]))
 

@@ -62,11 +62,13 @@ def _flat_keys(config, prefix=""):
       yield from _flat_keys(value, f"{prefix}{key}.")
 
 
-def test_every_task_with_a_model_names_its_weights_in_config_init():
+def test_every_task_with_a_model_names_its_weights_in_config_init_and_its_model_by_name():
   for name, _, _ in task_configs.packaged_tasks():
     config = _default_config(name)
     if "model" not in config:
       continue
-    assert set(config_base.INIT_RENAMED.values()) <= set(_flat_keys(config.init, "init.")), name
+    assert set(config_base.MODEL_RENAMED.values()) <= set(_flat_keys(config)), name
+    assert {"init.hf_path", "init.checkpoint", "init.step"} <= set(_flat_keys(config)), name
+    assert "model.name" in set(_flat_keys(config)) and "preset" not in config.model, name
     renamed = task_configs.load(REPO_ROOT / "configs" / f"{name}.py")["RENAMED"]
-    assert config_base.INIT_RENAMED.items() <= renamed.items(), name
+    assert config_base.MODEL_RENAMED.items() <= renamed.items(), name

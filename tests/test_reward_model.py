@@ -4,13 +4,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from helpsteer_jax.models import presets
+from helpsteer_jax.models import catalog
 from helpsteer_jax.models.decoder import Decoder
 from helpsteer_jax.models.reward import RewardModel, last_token_index
 
 
 def _model():
-  cfg = presets.get_preset("tiny", attention_block_size=16)
+  cfg = catalog.model_config("tiny", attention_block_size=16)
   model = RewardModel(Decoder(cfg, rngs=nnx.Rngs(0)), head_bias=True)
   rng = np.random.RandomState(0)
   model.head.kernel[...] = jnp.asarray(rng.normal(0, 0.5, model.head.kernel.shape), jnp.float32)

@@ -18,15 +18,15 @@ def get(task, preset=""):
 
 def test_attribute_model_recipes():
   c = get("attribute_model", "llama3_70b_helpsteer2")
-  assert (c.model.preset, c.train.num_steps, c.train.global_batch, c.train.seq_len) == (
+  assert (c.model.name, c.train.num_steps, c.train.global_batch, c.train.seq_len) == (
       "llama3_70b", 317, 128, 4096)
   assert (c.optimizer.lr, c.optimizer.schedule, c.optimizer.warmup_steps) == (2e-6, "constant", 10)
   assert c.loss == "regression" and c.data.packing
   c = get("attribute_model", "llama2_13b_helpsteer")
-  assert (c.model.preset, c.train.num_steps, c.train.global_batch) == ("llama2_13b", 800, 512)
+  assert (c.model.name, c.train.num_steps, c.train.global_batch) == ("llama2_13b", 800, 512)
   assert (c.optimizer.lr, c.optimizer.min_lr, c.optimizer.schedule) == (9e-6, 9e-7, "cosine")
   c = get("attribute_model", "llama3_1_70b_scaled_bt")
-  assert (c.model.preset, c.loss, c.train.num_steps, c.train.global_batch) == (
+  assert (c.model.name, c.loss, c.train.num_steps, c.train.global_batch) == (
       "llama3_1_70b", "scaled_bt", 105, 128)
   assert (c.optimizer.lr, c.optimizer.warmup_steps, c.data.packing) == (1e-6, 10, False)
   assert c.init.head == "auto"
@@ -52,10 +52,10 @@ def test_recipes_fail_before_any_work_without_their_inputs():
 @pytest.mark.parametrize("task", ["evaluate_rm", "annotate", "build_2d"])
 def test_scoring_task_presets(task):
   demo = get(task)
-  assert demo.scorer.model.preset == get("attribute_model").model.preset
+  assert demo.scorer.model.name == get("attribute_model").model.name
   assert demo.scorer.model.hidden_size is None  # the demo run's shapes are read from it
   assert demo.scorer.source == "workdir/attribute_model" and "model" not in demo
   big = get(task, "llama3_70b")
-  assert big.scorer.model.preset == "llama3_70b" and big.scorer.model.dtype == "bfloat16"
+  assert big.scorer.model.name == "llama3_70b" and big.scorer.model.dtype == "bfloat16"
   with pytest.raises(ValueError, match="llama2_13b"):
     get(task, "gpt2")

@@ -105,7 +105,7 @@ def test_evaluate_rm_cli_and_annotate_read_the_hf_directory(trained, tmp_path):
   want = evaluate_rm.run(orbax, str(tmp_path / "orbax"))
 
   run_main("--config=configs/evaluate_rm.py", f"--workdir={tmp_path / 'from_hf'}",
-           f"--config.scorer.source={trained / 'hf'}", "--config.scorer.model.preset=tiny",
+           f"--config.scorer.source={trained / 'hf'}", "--config.scorer.model.name=tiny",
            "--config.scorer.batch_size=8", "--config.scorer.max_len=128",
            f"--config.data.validation_path={trained / 'demo_data'}")
   got = json.loads((tmp_path / "from_hf" / "rm_report.json").read_text())

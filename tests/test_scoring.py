@@ -16,7 +16,7 @@ from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.data.features.rm import RegressionTokenizer
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.models import hf, presets
+from helpsteer_jax.models import catalog, hf
 from helpsteer_jax.models.reward import reward_model
 from helpsteer_jax.scoring import load, remote, rewards, rules
 from helpsteer_jax.scoring.model import ModelScorer, length_buckets
@@ -115,8 +115,8 @@ def _mesh_config():
 @pytest.fixture(scope="module")
 def model_scorer(tmp_path_factory):
   tok = hf.load_tokenizer(demo_tokenizer.build_demo_tokenizer(tmp_path_factory.mktemp("tok")))
-  model = reward_model(presets.get_preset("tiny", hidden_size=32, intermediate_size=64,
-                                          num_layers=2, num_heads=2, num_kv_heads=1), seed=3)
+  model = reward_model(catalog.model_config("tiny", hidden_size=32, intermediate_size=64,
+                                            num_layers=2, num_heads=2, num_kv_heads=1), seed=3)
   model.head.kernel[...] = np.random.default_rng(0).normal(
       size=model.head.kernel[...].shape).astype(np.float32)
   rt = runtime.setup(_mesh_config())

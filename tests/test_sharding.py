@@ -7,7 +7,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from helpsteer_jax import sharding
-from helpsteer_jax.models import builder, presets
+from helpsteer_jax.models import builder, catalog
 
 
 def test_eight_fake_devices():
@@ -66,7 +66,7 @@ def test_model_that_cannot_shard_fails_before_compiling(mesh_shape, field, value
   if field == "num_heads":
     kwargs["num_kv_heads"] = 4
     kwargs["head_dim"] = 16
-  cfg = presets.get_preset("tiny", **kwargs)
+  cfg = catalog.model_config("tiny", **kwargs)
   mesh = sharding.make_mesh(mesh_shape)
   with pytest.raises(sharding.ShardingConfigError, match=message) as info:
     builder.validate_model_on_mesh(cfg, mesh, sharding.DEFAULT_RULES)
@@ -83,7 +83,7 @@ def test_batch_not_divisible_by_batch_shards():
 
 @pytest.mark.parametrize("mesh_shape", [(2, 2, 2), (1, 8, 1), (8, 1, 1)])
 def test_parameters_are_born_sharded(mesh_shape):
-  cfg = presets.get_preset("tiny", num_heads=8, num_kv_heads=8, head_dim=8, hidden_size=64)
+  cfg = catalog.model_config("tiny", num_heads=8, num_kv_heads=8, head_dim=8, hidden_size=64)
   mesh = sharding.make_mesh(mesh_shape)
   model = builder.init_model(cfg, mesh, sharding.DEFAULT_RULES, seed=0)
   params = builder.named_variables(nnx.state(model, nnx.Param))
@@ -100,7 +100,7 @@ def test_parameters_are_born_sharded(mesh_shape):
 
 
 def test_sharded_init_equals_single_device_init():
-  cfg = presets.get_preset("tiny")
+  cfg = catalog.model_config("tiny")
   one = builder.init_model(cfg, sharding.make_mesh((1, 1, 1), jax.devices()[:1]),
                            sharding.DEFAULT_RULES)
   many = builder.init_model(cfg, sharding.make_mesh((2, 2, 2)), sharding.DEFAULT_RULES)

@@ -24,7 +24,7 @@ from helpsteer_jax.eval import sweep_report
 from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.generator import Completion
 from helpsteer_jax.inference.sampling import SamplingConfig
-from helpsteer_jax.models import builder, hf, presets, reward, reward_hf
+from helpsteer_jax.models import builder, catalog, hf, reward, reward_hf
 from helpsteer_jax.scoring.load import load_scorer
 from helpsteer_jax.tasks import generate
 from helpsteer_jax.tasks import steering_sweep as task
@@ -45,10 +45,10 @@ def models(tmp_path_factory):
   root = tmp_path_factory.mktemp("sweep_models")
   tok = demo_tokenizer.build_demo_tokenizer(root / "tok")
   policy = root / "policy"
-  hf.save_hf_model(builder.create(presets.get_preset("tiny", **SHAPE), seed=0), policy,
+  hf.save_hf_model(builder.create(catalog.model_config("tiny", **SHAPE), seed=0), policy,
                    dtype="float32", tokenizer=str(tok))
   chat_template.export_files(SPEC, policy)
-  rm = reward.reward_model(presets.get_preset("tiny", **SHAPE), seed=1)
+  rm = reward.reward_model(catalog.model_config("tiny", **SHAPE), seed=1)
   rm.head.kernel[...] = np.random.RandomState(0).normal(
       size=rm.head.kernel[...].shape).astype(np.float32)
   reward_hf.save_reward_hf(rm, root / "rm", dtype="float32", tokenizer=str(tok))

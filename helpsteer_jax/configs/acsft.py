@@ -15,7 +15,7 @@ from helpsteer_jax import config_base
 from helpsteer_jax.config_sections import optimizer_config, train_config
 
 PRESETS = ("demo", "llama2_70b", "llama3_70b", "llama3_8b", "smollm2_135m")
-RENAMED = config_base.INIT_RENAMED
+RENAMED = config_base.MODEL_RENAMED
 
 
 def _demo(config):

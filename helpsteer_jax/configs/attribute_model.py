@@ -20,7 +20,7 @@ from helpsteer_jax import config_base
 from helpsteer_jax.config_sections import init_config, optimizer_config, train_config
 
 PRESETS = ("demo", "llama3_70b_helpsteer2", "llama2_13b_helpsteer", "llama3_1_70b_scaled_bt")
-RENAMED = {**config_base.INIT_RENAMED, "score.batch_size": "eval_batch_size",
+RENAMED = {**config_base.MODEL_RENAMED, "score.batch_size": "eval_batch_size",
            "score": "removed: the final evaluation scores train.seq_len-token inputs in"
                     " batches of eval_batch_size"}
 

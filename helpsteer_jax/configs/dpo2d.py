@@ -20,7 +20,7 @@ from helpsteer_jax import config_base
 from helpsteer_jax.config_sections import optimizer_config, train_config
 
 PRESETS = ("demo", "qwen2_7b", "llama3_8b", "llama3_70b")
-RENAMED = config_base.INIT_RENAMED
+RENAMED = config_base.MODEL_RENAMED
 
 ASPECTS = ("helpfulness", "correctness", "safety", "completeness", "clarity")
 

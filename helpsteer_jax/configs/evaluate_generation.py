@@ -22,11 +22,11 @@ Presets: as configs/generate.py (default: the demo AC-SFT run's `tiny` model).
 
 import ml_collections
 
-from helpsteer_jax.config_base import INIT_RENAMED
+from helpsteer_jax.config_base import MODEL_RENAMED
 from helpsteer_jax.config_sections import GENERATION_PRESETS, generation_config, scorer_section
 
 PRESETS = GENERATION_PRESETS
-RENAMED = {**INIT_RENAMED, "judge.scorer": "scorer.source",
+RENAMED = {**MODEL_RENAMED, "judge.scorer": "scorer.source",
            "judge.batch_size": "scorer.batch_size", "judge.weights": "scorer.weights"}
 
 

@@ -16,7 +16,7 @@ from helpsteer_jax import config_base
 from helpsteer_jax.config_sections import SCORING_PRESETS, init_config, scoring_preset
 
 PRESETS = SCORING_PRESETS
-RENAMED = config_base.INIT_RENAMED
+RENAMED = config_base.MODEL_RENAMED
 
 
 def get_config(preset: str = ""):

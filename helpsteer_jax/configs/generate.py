@@ -18,7 +18,7 @@
 Rerunning the same file-mode command resumes: rows already in the output are
 kept and only the rest are appended (with the seeds an uninterrupted run uses).
 
-Presets: the default (the `tiny` preset of the default AC-SFT run, whose
+Presets: the default (the `tiny` model of the default AC-SFT run, whose
 checkpoints carry their own shapes), `llama2_70b`, `llama3_70b`, `llama3_8b`
 and `smollm2_135m`. The label carries the attributes the model's export
 declares (the five HelpSteer ones for the demo AC-SFT run), else all nine as
@@ -27,11 +27,11 @@ NeMo's SteerLM models; `--config.steer_attributes` overrides.
 
 import ml_collections
 
-from helpsteer_jax.config_base import INIT_RENAMED
+from helpsteer_jax.config_base import MODEL_RENAMED
 from helpsteer_jax.config_sections import GENERATION_PRESETS, generation_config, scorer_section
 
 PRESETS = GENERATION_PRESETS
-RENAMED = {**INIT_RENAMED, "best_of_n.scorer": "scorer.source",
+RENAMED = {**MODEL_RENAMED, "best_of_n.scorer": "scorer.source",
            "best_of_n.scorer_path": "scorer.source", "best_of_n.weights": "scorer.weights"}
 
 

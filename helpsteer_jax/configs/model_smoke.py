@@ -6,10 +6,10 @@
 """
 
 from helpsteer_jax import config_base
-from helpsteer_jax.config_sections import MODEL_PRESETS
+from helpsteer_jax.config_sections import MODEL_NAMES
 
-PRESETS = MODEL_PRESETS  # any model preset; the default is tiny
-RENAMED = config_base.INIT_RENAMED
+PRESETS = MODEL_NAMES  # any named model (models/catalog.py); the default is tiny
+RENAMED = config_base.MODEL_RENAMED
 
 
 def get_config(preset: str = "tiny"):

@@ -25,7 +25,7 @@ from helpsteer_jax.config_sections import (
 )
 
 PRESETS = ("demo", "llama2_70b", "llama3_70b", "llama3_8b", "smollm2_135m")
-RENAMED = {**config_base.INIT_RENAMED,
+RENAMED = {**config_base.MODEL_RENAMED,
            "reward.checkpoint": "scorer.source", "reward.model.hf_path": "scorer.source",
            "reward.pad_multiple": "removed: scoring pads to fixed length buckets"
                                   " (scorer.max_len)",

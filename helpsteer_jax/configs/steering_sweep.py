@@ -22,11 +22,11 @@ import runpy
 
 import ml_collections
 
-from helpsteer_jax.config_base import INIT_RENAMED
+from helpsteer_jax.config_base import MODEL_RENAMED
 from helpsteer_jax.config_sections import GENERATION_PRESETS
 
 PRESETS = GENERATION_PRESETS  # generate's
-RENAMED = {**INIT_RENAMED, "scorer": "scorer.source"}
+RENAMED = {**MODEL_RENAMED, "scorer": "scorer.source"}
 
 
 def get_config(preset: str = ""):

@@ -6,8 +6,8 @@ parameters of an Orbax checkpoint written by any training task: a task's
 workdir or its `checkpoints/` directory, the latest step unless
 `config.init.step` is set. The shapes (vocabulary, widths, layers,
 heads, tied embeddings, QKV bias) are read from the checkpoint's metadata
-by the preset's model family; the preset supplies the rest (family knobs,
-RoPE, norm epsilon, token ids), so pass the training run's `model.preset`.
+by the named model's family; the named model supplies the rest (family knobs,
+RoPE, norm epsilon, token ids), so pass the training run's `model.name`.
 Shape flags given explicitly must match the checkpoint (a mismatch names
 the parameter that differs). `steer_spec` finds the model's steerable
 attributes: the `steerlm` section of the HF directory, or of the `hf/`
@@ -30,7 +30,7 @@ from helpsteer_jax.models import builder, families, hf
 
 
 def load_model(config: ml_collections.ConfigDict, rt: runtime.Runtime) -> nnx.Module:
-  """The sharded model from `config.init.checkpoint`, `init.hf_path` or the preset; with a
+  """The sharded model from `config.init.checkpoint`, `init.hf_path` or `model.name`; with a
   PEFT adapter (`model.lora.adapter`) merged into the weights it adapts, so that
   decoding pays nothing per token for it."""
   if config.init.checkpoint and config.init.hf_path:

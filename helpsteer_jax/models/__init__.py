@@ -1,1 +1,2 @@
-"""The decoder, its model families, presets, and Hugging Face checkpoint conversion."""
+"""The decoder, its model families, the catalog of named model shapes, and Hugging Face
+checkpoint conversion."""

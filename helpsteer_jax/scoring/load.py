@@ -69,7 +69,7 @@ def load_reward_model(source: str, rt: runtime.Runtime,
   or (with `head`, a head file) an HF causal-LM directory as the backbone.
 
   An Orbax checkpoint's shapes are read from it; `model` (a
-  `config_base.model_section`, default the tiny preset) gives the family,
+  `config_base.model_section`, default the tiny model) gives the family,
   the rest of the config and the numerics.
   """
   config = ml_collections.ConfigDict(dict(

@@ -127,7 +127,7 @@ def _check_shapes(saved: dict, target: dict, directory: pathlib.Path) -> None:
       raise ConfigError(
           f"{directory}: parameter {name} is {None if got is None else tuple(got.shape)} in"
           f" the checkpoint but {tuple(leaf.shape)} in this model; set the model shape"
-          " (model.preset / init.hf_path / --config.model.hidden_size=...) to the one"
+          " (model.name / init.hf_path / --config.model.hidden_size=...) to the one"
           " that wrote the checkpoint")
 
 

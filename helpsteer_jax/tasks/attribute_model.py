@@ -55,8 +55,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise ConfigError("this recipe starts from a trained regression model: set"
                       " --config.init.checkpoint=<attribute_model workdir>")
   if config.init.checkpoint and not (config.tokenizer or config.init.hf_path) \
-      and config.model.preset != "tiny":
-    raise ConfigError(f"initialising a {config.model.preset} model from a checkpoint needs"
+      and config.model.name != "tiny":
+    raise ConfigError(f"initialising a {config.model.name} model from a checkpoint needs"
                       " its tokenizer: set --config.tokenizer=/path/to/the/HF/model/directory")
 
 

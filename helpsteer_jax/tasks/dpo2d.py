@@ -4,7 +4,7 @@ Reads HelpSteer-2D JSONL or CSV (the built-in 2D demo pairs by default),
 tokenizes each pair into a chosen and a rejected row with per-token segment
 ids, gets the reference log-probs (a cached first pass, or on the fly in the
 step), and trains the policy with the shared loop. The policy starts from
-`init.hf_path`, an AC-SFT run (`init.checkpoint`) or a fresh preset.
+`init.hf_path`, an AC-SFT run (`init.checkpoint`) or a fresh `model.name`.
 The HF export's chat template steers `data.response_label`'s attributes (its
 scores the defaults) when the pairs were trained under a label, else those
 of the policy's source export.
@@ -97,7 +97,7 @@ def steer_spec(config: ml_collections.ConfigDict) -> chat_template.SteerSpec:
 
   The source is `init.hf_path` or the AC-SFT run of `init.checkpoint`
   (its `hf/` export); a source without a `steerlm` section (or a fresh
-  preset) means no label.
+  model) means no label.
   """
   if config.data.response_label:
     try:
@@ -119,7 +119,7 @@ def steer_spec(config: ml_collections.ConfigDict) -> chat_template.SteerSpec:
 def _model_source(config) -> str:
   m, init = config.model, config.init
   return json.dumps({"hf_path": init.hf_path, "init_checkpoint": init.checkpoint,
-                     "init_step": init.step, "preset": m.preset, "seed": config.seed,
+                     "init_step": init.step, "model": m.name, "seed": config.seed,
                      "dtype": m.dtype,
                      "lora_adapter": m.lora.adapter, "lora_base_dtype": m.lora.base_dtype})
 

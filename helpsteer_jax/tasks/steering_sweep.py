@@ -93,7 +93,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if not processes.is_primary():
     return result
   summary = {
-      "model": config.init.hf_path or config.init.checkpoint or config.model.preset,
+      "model": config.init.hf_path or config.init.checkpoint or config.model.name,
       "prompt_source": source, "prompts": len(prompts), "defaults": defaults,
       "sampling": config.sampling.to_dict(), "max_new_tokens": config.max_new_tokens,
       "scorer": config.scorer.source or None,

@@ -196,5 +196,5 @@ class Family:
       decoder_shape_fields)
 
   def config_fields(self) -> dict[str, Any]:
-    """The `ModelConfig` fields a preset of this family starts from."""
+    """The `ModelConfig` fields a named model (models/catalog.py) of this family starts from."""
     return dict(self.knobs, hf_model_type=self.model_type, hf_architecture=self.architecture)

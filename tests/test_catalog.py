@@ -1,11 +1,11 @@
-"""Preset shapes against published parameter counts (abstract evaluation only)."""
+"""The catalog's model shapes against published parameter counts (abstract evaluation only)."""
 
 import time
 
 import pytest
 from flax import nnx
 
-from helpsteer_jax.models import builder, families, presets
+from helpsteer_jax.models import builder, catalog, families
 
 # Published totals (model cards / HF safetensors metadata), in parameters, as
 # given: the count must round to them (half a unit of the last digit).
@@ -40,7 +40,7 @@ def _assert_rounds_to(count: int, published: str, name: str):
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_parameter_count_matches_published(name):
-  cfg = presets.get_preset(name)
+  cfg = catalog.model_config(name)
   start = time.perf_counter()
   _, state = builder.abstract_model(cfg)
   count = builder.count_params(state)
@@ -53,14 +53,14 @@ def test_parameter_count_matches_published(name):
 
 
 def test_abstract_state_has_no_arrays():
-  _, state = builder.abstract_model(presets.get_preset("llama3_70b"))
+  _, state = builder.abstract_model(catalog.model_config("llama3_70b"))
   leaves = [v.get_value() for v in builder.named_variables(state).values()]
   assert all(type(x).__name__ == "ShapeDtypeStruct" for x in leaves)
 
 
 @pytest.mark.parametrize("name", ["qwen2_7b", "qwen3_8b", "gemma2_9b"])
 def test_every_parameter_has_logical_axes(name):
-  _, state = builder.abstract_model(presets.get_preset(name))
+  _, state = builder.abstract_model(catalog.model_config(name))
   for name, var in builder.named_variables(state).items():
     axes = var.get_metadata("logical_axes")
     assert len(axes) == len(var.shape), name
@@ -68,9 +68,9 @@ def test_every_parameter_has_logical_axes(name):
       assert axes[0] == "layers", name
 
 
-def test_unknown_preset_lists_valid_ones():
+def test_unknown_model_name_lists_valid_ones():
   with pytest.raises(ValueError, match="llama3_8b"):
-    presets.get_preset("llama9_1t")
+    catalog.model_config("llama9_1t")
 
 
 def _grad_hlo(cfg):
@@ -90,7 +90,7 @@ def _grad_hlo(cfg):
 def test_scanned_model_compiles_one_layer_body(name, shallow_layers):
   """80 stacked layers compile as one scanned layer (Gemma 2's 42 as one
   scanned (sliding, full) pair): the program size does not grow with depth."""
-  deep = presets.get_preset(name, remat_policy="full", dtype="bfloat16")
+  deep = catalog.model_config(name, remat_policy="full", dtype="bfloat16")
   shallow = deep.replace(num_layers=shallow_layers)
   deep_hlo, shallow_hlo = _grad_hlo(deep), _grad_hlo(shallow)
   assert "while" in deep_hlo
@@ -101,14 +101,14 @@ def test_scanned_model_compiles_one_layer_body(name, shallow_layers):
                                   "gemma2_2b"])
 def test_family_infers_shapes_from_saved_parameters(name):
   """What `inference.loading` reads from an Orbax checkpoint's metadata: the
-  family's shape inference gives back the preset's shape fields."""
-  cfg = presets.get_preset(name)
+  family's shape inference gives back the named model's shape fields."""
+  cfg = catalog.model_config(name)
   _, state = builder.abstract_model(cfg)
   shapes = {tuple(path): tuple(v.shape) for path, v in nnx.to_flat_state(state)}
   inferred = families.for_config(cfg).shape_fields(shapes)
   assert inferred == {k: getattr(cfg, k) for k in inferred}
 
 
-def test_the_config_layer_names_every_model_preset():
+def test_the_config_layer_names_every_model_in_the_catalog():
   from helpsteer_jax import config_sections
-  assert config_sections.MODEL_PRESETS == tuple(presets.PRESETS)
+  assert config_sections.MODEL_NAMES == tuple(catalog.SHAPES)

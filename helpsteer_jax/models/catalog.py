@@ -1,6 +1,6 @@
-"""Published model shapes (from each model's HF `config.json`).
+"""Published model shapes (from each model's HF `config.json`), by name.
 
-A preset of a family other than Llama starts from that family's knobs
+A named model of a family other than Llama starts from that family's knobs
 (`families.get(model_type).config_fields()`), so it exports to the right
 HF `model_type` and builds the right module.
 """
@@ -34,7 +34,7 @@ _GEMMA2 = dict(families.get("gemma2").config_fields(), vocab_size=256000, head_d
                max_position_embeddings=8192, tie_word_embeddings=True, bos_token_id=2,
                eos_token_id=1, pad_token_id=0)
 
-PRESETS: dict[str, dict[str, Any]] = {
+SHAPES: dict[str, dict[str, Any]] = {
     # A few-layer model for tests and the CPU demo.
     "tiny": dict(vocab_size=1024, hidden_size=64, intermediate_size=176,
                  num_layers=2, num_heads=4, num_kv_heads=2,
@@ -87,9 +87,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def get_preset(name: str, **overrides: Any) -> ModelConfig:
-  """Returns the `ModelConfig` of a named preset, with `overrides` applied."""
-  if name not in PRESETS:
-    raise ConfigError(
-        f"Unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
-  return ModelConfig(**{**PRESETS[name], **overrides})
+def model_config(name: str, **overrides: Any) -> ModelConfig:
+  """Returns the `ModelConfig` of the model `name`, with `overrides` applied."""
+  if name not in SHAPES:
+    raise ConfigError(f"Unknown model name {name!r}; choose one of {sorted(SHAPES)}")
+  return ModelConfig(**{**SHAPES[name], **overrides})
