@@ -288,11 +288,11 @@ def test_fused_losses_apply_the_final_soft_cap():
     return jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]
 
   def grads(fn):
-    return nnx.grad(fn)(model)["embed"][...]
+    return nnx.jit(nnx.grad(fn))(model)["embed"][...]
 
   ours = lambda m: sft_loss(m, batch, chunk_size=8)[0]
   ref = lambda m: -jnp.sum(reference_logprobs(m) * weights)
-  np.testing.assert_allclose(ours(model), ref(model), rtol=1e-5)
+  np.testing.assert_allclose(nnx.jit(ours)(model), nnx.jit(ref)(model), rtol=1e-5)
   np.testing.assert_allclose(grads(ours), grads(ref), atol=1e-5)
 
   mix = jnp.array([0.3, -1.1])
@@ -301,6 +301,6 @@ def test_fused_losses_apply_the_final_soft_cap():
                                           2, 8, vocab_chunk, m.cfg.final_logit_softcap)
     ref_sums = lambda m: jnp.stack(
         [jnp.sum(jnp.where(seg == k, reference_logprobs(m), 0.0), -1) for k in (1, 2)], -1)
-    np.testing.assert_allclose(sums(model), ref_sums(model), rtol=1e-5)
+    np.testing.assert_allclose(nnx.jit(sums)(model), nnx.jit(ref_sums)(model), rtol=1e-5)
     np.testing.assert_allclose(grads(lambda m: jnp.sum(sums(m) * mix)),
                                grads(lambda m: jnp.sum(ref_sums(m) * mix)), atol=1e-5)
