@@ -1,6 +1,9 @@
 """Tokenizer loading on the real Llama-2-style SentencePiece model of mistral-common."""
 
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -49,3 +52,25 @@ def test_saved_and_reloaded_tokenizer_is_identical(sp_dir, tmp_path):
 def test_directory_without_tokenizer_is_a_clear_error(tmp_path):
   with pytest.raises(FileNotFoundError, match="No tokenizer files"):
     hf.load_tokenizer(tmp_path)
+
+
+def test_an_export_loads_as_auto_tokenizer_loads_it_without_pytorch(tmp_path):
+  """Reference: transformers' AutoTokenizer on the same directory. A training process
+  (tokenizer and TensorBoard writer) imports no PyTorch, even where it is installed."""
+  import transformers
+
+  from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
+  tok_dir = demo_tokenizer.build_demo_tokenizer(tmp_path / "tok")
+  ours, auto = hf.load_tokenizer(tok_dir), transformers.AutoTokenizer.from_pretrained(tok_dir)
+  assert type(ours) is type(auto)
+  assert ours(SAMPLE).input_ids == auto(SAMPLE).input_ids
+  assert ours.all_special_tokens == auto.all_special_tokens
+  assert ours.chat_template == auto.chat_template
+  probe = (f"import sys; from helpsteer_jax.models import hf; from helpsteer_jax.train import"
+           f" metrics; hf.load_tokenizer({str(tok_dir)!r});"
+           f" metrics.MetricsWriter({str(tmp_path / 'run')!r}, enabled=True).close();"
+           " print('torch' in sys.modules)")
+  out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                       check=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert out.stdout.strip() == "False", out.stderr[-2000:]
+  assert list((tmp_path / "run" / "tensorboard").iterdir())

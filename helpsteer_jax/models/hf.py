@@ -327,6 +327,20 @@ def _bare_sentencepiece(path: str) -> bool:
       os.path.isfile(os.path.join(path, n)) for n in ("tokenizer.json", "tokenizer_config.json"))
 
 
+def _generic_fast_tokenizer(path: str) -> bool:
+  """A `tokenizer.json` whose `tokenizer_config.json` names the generic fast class (as the
+  exports here do) and no custom code."""
+  try:
+    with open(os.path.join(path, "tokenizer_config.json")) as f:
+      tokenizer_config = json.load(f)
+  except (OSError, ValueError):
+    return False
+  return (os.path.isfile(os.path.join(path, "tokenizer.json"))
+          and tokenizer_config.get("tokenizer_class") in ("PreTrainedTokenizerFast",
+                                                          "TokenizersBackend")
+          and "auto_map" not in tokenizer_config)
+
+
 def load_tokenizer(path: str | os.PathLike) -> Any:
   """`AutoTokenizer` from a local directory (or a hub id, passed through)."""
   import transformers
@@ -340,6 +354,10 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
       # A bare Llama-style SentencePiece model: AutoTokenizer cannot tell its
       # class and would drop SentencePiece's dummy prefix space.
       return transformers.LlamaTokenizer.from_pretrained(path)
+    if _generic_fast_tokenizer(path):
+      # What AutoTokenizer returns for this class, without importing its model-config
+      # machinery (which loads PyTorch, when installed, into every CLI process).
+      return transformers.PreTrainedTokenizerFast.from_pretrained(path)
   elif os.path.exists(path) or path.startswith((os.sep, ".")):
     raise FileNotFoundError(f"Tokenizer path {path} is not a directory")
   return transformers.AutoTokenizer.from_pretrained(path)

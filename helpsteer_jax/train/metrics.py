@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import sys
 import time
 from typing import Any, Mapping
 
@@ -36,6 +37,20 @@ def peak_flops_per_device(configured: float = 0.0, cpu_peak: float = 190e9) -> f
   return 0.0
 
 
+def _summary_writer_class() -> type:
+  """tensorboardX's `SummaryWriter`, imported without the PyTorch it probes for: it takes
+  Python floats either way, and importing PyTorch would slow every training start."""
+  if "torch" in sys.modules:
+    from tensorboardX import SummaryWriter
+    return SummaryWriter
+  sys.modules["torch"] = None  # `import torch` raises ImportError: tensorboardX's fallback
+  try:
+    from tensorboardX import SummaryWriter
+  finally:
+    del sys.modules["torch"]
+  return SummaryWriter
+
+
 class MetricsWriter:
   """Writes scalars to `metrics.jsonl` and TensorBoard (process 0 only)."""
 
@@ -47,8 +62,7 @@ class MetricsWriter:
       workdir = pathlib.Path(workdir)
       workdir.mkdir(parents=True, exist_ok=True)
       self._jsonl = open(workdir / "metrics.jsonl", "a", encoding="utf-8")
-      from tensorboardX import SummaryWriter
-      self._tb = SummaryWriter(str(workdir / "tensorboard"))
+      self._tb = _summary_writer_class()(str(workdir / "tensorboard"))
 
   def write(self, step: int, scalars: Mapping[str, Any], prefix: str = "") -> None:
     if not self.enabled:
