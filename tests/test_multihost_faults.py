@@ -21,7 +21,7 @@ from multiprocess import Group, free_port, run_group
 
 pytestmark = pytest.mark.multihost
 
-STEPS = 60
+STEPS = 24
 _RUN = ("--config=configs/acsft.py", "--config.model.hidden_size=64",
         "--config.model.intermediate_size=128", "--config.model.num_layers=2",
         "--config.train.seq_len=128", "--config.train.global_batch=8",
