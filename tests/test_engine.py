@@ -99,7 +99,10 @@ def test_concurrent_greedy_equals_the_batch_decoder_and_compiles_nothing(setup):
   _run(eng, [dict(prompt_ids=gen.encode(prompts[0]), max_tokens=10, temperature=0.8,
                   top_p=0.9, seed=3),
              dict(prompt_ids=gen.encode(prompts[2]), max_tokens=10)])
-  assert eng.compiled_variants == compiled == len(eng.buckets) + len(eng.row_buckets) + 1
+  inserts = sum(length >= t + eng.chunk_steps for t in eng.buckets for length in eng.lengths)
+  assert eng.compiled_variants == compiled == (
+      len(eng.buckets) + inserts + len(eng.row_buckets) * len(eng.lengths)
+      + len(eng.lengths) ** 2)
   assert COMPILES.count == compiles
 
 

@@ -1,27 +1,27 @@
 """Continuous batching for a server: requests share decode steps in one KV cache.
 
-The cache has a fixed number of rows (slots) and a fixed length. As in
-`decode.Sampler`, every row writes the same cache slot at each step, so a
-step is one `dynamic_update_slice`; a row's tokens occupy the slots
-`[row_start, end)` ending at the shared write slot `end` (its RoPE positions
-count from its own first token). A scheduler thread:
+The cache has a fixed number of rows and one of a few slot counts
+(`engine_steps`: per-layer buffers, a shared write slot `end`, each row's
+tokens in `[row_start, end)` with RoPE positions counted from its own first
+token). A scheduler thread:
 
   - admits waiting requests into free rows at chunk boundaries: each prompt
     is prefilled alone (one compiled function per prompt bucket) and its
     keys and values are written into its row so that its last prompt token
     lands right before `end`;
-  - runs `decode_chunk`: `chunk_steps` decode steps in one jitted call for
-    the smallest power-of-two prefix of rows holding every live one (rows are
-    taken lowest first), with per-row temperature, top-p and PRNG keys
+  - runs a chunk of `chunk_steps` decode steps, one compiled call each,
+    dispatched back to back (the tokens stay on the device until the chunk
+    ends), for the smallest row bucket holding every live row (rows are
+    taken lowest first), with per-row temperature, top-p and PRNG streams
     (arrays, so greedy and sampled rows share the compile);
   - hands each request its new text, ends rows at stop tokens, stop strings
     or their token budget, and frees finished or cancelled rows.
 
-When `end` would run past the cache, or a newcomer's prompt is longer than
-`end`, the cache is re-based: rolled along its slots so the longest live row
-starts at slot 0 (one compiled roll). The cache holds `max_length +
-chunk_steps` slots, so after a re-base a whole chunk always fits. Every
-shape is fixed: after `warm_up`, requests compile nothing.
+When `end` would run past the buffers, or a newcomer's prompt is longer than
+`end`, or the live rows span far fewer slots than the buffers hold, the
+cache is re-laid out: rolled so that the longest live row starts at slot 0
+and resized to the smallest slot count that holds it and one more chunk.
+Every shape is one of a fixed set: after `warm_up`, requests compile nothing.
 """
 
 from __future__ import annotations
@@ -36,14 +36,12 @@ import jax
 import numpy as np
 from absl import logging
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import engine_steps
-from helpsteer_jax.inference.decode import MIN_PROMPT_BUCKET
 from helpsteer_jax.inference.row_stream import RowStream, Update
-from helpsteer_jax.models.kv_cache import KVCache
 
 
 @dataclasses.dataclass
@@ -84,6 +82,9 @@ class _Row:
     return self.handle.request
 
 
+_NOTHING = np.iinfo(np.int32).max // 2  # a free row's start: no slot visible
+
+
 class Engine:
   """Serves `DecodeRequest`s from a model with a fixed-shape batched KV cache.
 
@@ -100,8 +101,8 @@ class Engine:
     cfg = model.cfg
     if max_batch < 1 or chunk_steps < 1:
       raise ConfigError(f"max_batch={max_batch} and chunk_steps={chunk_steps} must be >= 1")
-    if not MIN_PROMPT_BUCKET <= max_length <= cfg.max_position_embeddings:
-      raise ConfigError(f"max_length={max_length} must be in {MIN_PROMPT_BUCKET}.."
+    if not engine_steps.MIN_PROMPT_BUCKET <= max_length <= cfg.max_position_embeddings:
+      raise ConfigError(f"max_length={max_length} must be in {engine_steps.MIN_PROMPT_BUCKET}.."
                         f"{cfg.max_position_embeddings} (the model's max_position_embeddings)")
     batch_shards = sharding_lib.spec_shard_count(
         sharding_lib.logical_to_spec(("batch",), rules), mesh, 0)
@@ -116,21 +117,29 @@ class Engine:
     self.stop_strings = tuple(stop_strings)
     self.buckets = engine_steps.prompt_buckets(max_length)
     self.row_buckets = engine_steps.row_buckets(max_batch)
-    self.slots = max_length + chunk_steps
-    graphdef, self.state = nnx.split(model)
-    jit = functools.partial(dict, graphdef=graphdef, rules=rules)
-    self._prefill = jax.jit(functools.partial(engine_steps.prefill_row, **jit()),
-                            donate_argnums=(1, 2))
-    self._decode = jax.jit(
-        functools.partial(engine_steps.decode_chunk, steps=chunk_steps, **jit()),
-        donate_argnums=(1, 2))
-    self._roll = jax.jit(engine_steps.roll_rows, donate_argnums=(0, 1))
-    with jax.set_mesh(mesh), sharding_lib.axis_rules(rules):
-      empty = jax.jit(lambda: KVCache.init(cfg, max_batch, self.slots))()
-    self.k, self.v = empty.k, empty.v
+    self.lengths = engine_steps.length_buckets(max_length, chunk_steps)
+    unstacked, self.rest, self.layers = engine_steps.Unstacked.split(model)
+    static = dict(unstacked=unstacked, rules=rules)
+    # Fixed output shardings: every call sees inputs laid out as the last one left them,
+    # so a layout never keys a new compile.
+    cache = engine_steps.cache_sharding(mesh, rules)
+    caches = [cache] * cfg.num_layers
+    self._replicated = NamedSharding(mesh, PartitionSpec())
+    self._prefill = jax.jit(functools.partial(engine_steps.prefill, **static,
+                                              cache_dtype=cfg.compute_dtype),
+                            out_shardings=(caches, caches, self._replicated))
+    self._insert = jax.jit(engine_steps.insert, donate_argnums=(0, 1),
+                           out_shardings=(caches, caches))
+    self._decode = jax.jit(functools.partial(engine_steps.decode_step, **static),
+                           donate_argnums=(2, 3), out_shardings=(caches, caches, self._replicated))
+    self._relayout = jax.jit(engine_steps.relayout, static_argnames="length",
+                             donate_argnums=(0, 1), out_shardings=(caches, caches))
+    self.length = self.lengths[0]
+    self.k, self.v = engine_steps.empty_caches(cfg, max_batch, self.length, cfg.compute_dtype,
+                                               cache)
     self.end = 0  # the shared write slot
     self.rows: list[_Row | None] = [None] * max_batch
-    self.row_start = np.full(max_batch, self.slots, np.int32)  # nothing visible
+    self.row_start = np.full(max_batch, _NOTHING, np.int32)
     self.positions = np.zeros(max_batch, np.int32)
     self.last = np.zeros(max_batch, np.int32)
     self.temperature = np.zeros(max_batch, np.float32)
@@ -149,19 +158,33 @@ class Engine:
   @property
   def compiled_variants(self) -> int:
     """Compiled variants of the engine's functions (fixed after `warm_up`)."""
-    return sum(f._cache_size() for f in (self._prefill, self._decode, self._roll))
+    return sum(f._cache_size() for f in (self._prefill, self._insert, self._decode,
+                                         self._relayout))
 
   def warm_up(self) -> None:
-    """Compiles every prompt bucket's prefill, every row bucket's decode chunk and the
-    re-base."""
-    self.end = self.max_length
+    """Compiles every prompt bucket's prefill, every (rows, slots) decode step, the
+    prompt inserts and the re-layouts between slot counts."""
     for t in self.buckets:
-      self._run_prefill([self.pad_id], 0, 0.0, 1.0, 0, t)
-    for n in self.row_buckets:
-      self._run_decode(n)
-    with jax.set_mesh(self.mesh):
-      self.k, self.v = self._roll(self.k, self.v, np.int32(0))
+      ks, vs, _ = self._run_prefill([self.pad_id], 0.0, 1.0, 0, t)
+      for length in self.lengths:
+        if length >= t + self.chunk_steps:
+          self._resize(length, 0)
+          self.end = t
+          self._run_insert(ks, vs, 0)
+    for length in self.lengths:
+      self._resize(length, 0)
+      for n in self.row_buckets:
+        self._run_decode(n)
+      for other in self.lengths:
+        self._resize(other, 0)
+        self._resize(length, 0)
+    self._resize(self.lengths[0], 0)
     self.end = 0
+
+  def _resize(self, length: int, shift: int) -> None:
+    with jax.set_mesh(self.mesh):
+      self.k, self.v = self._relayout(self.k, self.v, np.int32(shift), length=length)
+    self.length = length
 
   def check(self, prompt_len: int, max_tokens: int) -> None:
     """ValueError unless a prompt of `prompt_len` tokens + `max_tokens` fits a row."""
@@ -230,39 +253,48 @@ class Engine:
 
   def _free(self, i: int) -> None:
     self.rows[i] = None
-    self.row_start[i] = self.slots
+    self.row_start[i] = _NOTHING
 
   def _occupied(self) -> int:
     """Slots the longest live row spans."""
     live = [self.end - int(self.row_start[i]) for i, r in enumerate(self.rows) if r is not None]
     return max(live, default=0)
 
-  def _rebase(self, target_end: int) -> None:
-    shift = target_end - self.end
-    if shift == 0:
+  def _fit(self, min_end: int = 0) -> None:
+    """Re-lays the cache out, if needed, so that `end >= min_end`, a chunk fits after
+    `end`, and the buffers are not far longer than the live rows need."""
+    occupied = self._occupied()
+    fits = [n for n in self.lengths if n >= max(occupied, min_end) + self.chunk_steps]
+    smallest = fits[0]
+    too_long = self.lengths.index(self.length) > self.lengths.index(smallest) + 1
+    if (self.end >= min_end and self.end + self.chunk_steps <= self.length
+        and not too_long):
       return
-    if not self.busy_rows:  # nothing live to move
-      self.end = target_end
-      return
-    with jax.set_mesh(self.mesh):
-      self.k, self.v = self._roll(self.k, self.v, np.int32(shift))
+    target_end = max(occupied, min_end)
+    shift = target_end - self.end if self.busy_rows else 0
+    length = smallest if too_long or target_end + self.chunk_steps > self.length else self.length
+    if shift or length != self.length:
+      self._resize(length, shift)
+      self.stats["rebases"] += 1
     busy = np.asarray([r is not None for r in self.rows])
-    self.row_start = np.where(busy, self.row_start + shift, self.slots).astype(np.int32)
+    self.row_start = np.where(busy, self.row_start + shift, _NOTHING).astype(np.int32)
     self.end = target_end
-    self.stats["rebases"] += 1
 
   def _bucket(self, n: int) -> int:
     return next(b for b in self.buckets if b >= n)
 
-  def _run_prefill(self, ids: Sequence[int], row: int, temperature: float, top_p: float,
-                   seed: int, bucket: int) -> int:
+  def _run_prefill(self, ids: Sequence[int], temperature: float, top_p: float, seed: int,
+                   bucket: int):
+    """Per-layer keys and values of `ids` left-padded to `bucket`, and the first token."""
     tokens = np.full((1, bucket), self.pad_id, np.int32)
     tokens[0, bucket - len(ids):] = ids
     with jax.set_mesh(self.mesh):
-      self.k, self.v, first = self._prefill(
-          self.state, self.k, self.v, tokens, np.int32(len(ids)), np.int32(row),
-          np.int32(self.end), np.float32(temperature), np.float32(top_p), np.uint32(seed))
-    return int(first)
+      return self._prefill(self.rest, self.layers, tokens, np.int32(len(ids)),
+                           np.float32(temperature), np.float32(top_p), np.uint32(seed))
+
+  def _run_insert(self, ks, vs, row: int) -> None:
+    with jax.set_mesh(self.mesh):
+      self.k, self.v = self._insert(self.k, self.v, ks, vs, np.int32(row), np.int32(self.end))
 
   def _admit(self, newcomers: list[Handle], free: list[int]) -> None:
     for handle, i in zip(newcomers, free):
@@ -271,9 +303,11 @@ class Engine:
         self.stats["cancelled"] += 1
         continue
       bucket = self._bucket(len(req.prompt_ids))
-      if self.end < bucket or self.end + self.chunk_steps > self.slots:
-        self._rebase(max(self._occupied(), bucket))
-      first = self._run_prefill(req.prompt_ids, i, req.temperature, req.top_p, req.seed, bucket)
+      self._fit(bucket)
+      ks, vs, first = self._run_prefill(req.prompt_ids, req.temperature, req.top_p, req.seed,
+                                        bucket)
+      self._run_insert(ks, vs, i)
+      first = int(first)
       self.rows[i] = _Row(handle, RowStream(self.tokenizer, req.max_tokens, self.stop_ids,
                                             self.eos_ids,
                                             self.stop_strings + tuple(req.stop_strings)))
@@ -285,13 +319,18 @@ class Engine:
       self._deliver(i, [first])
 
   def _run_decode(self, n: int) -> np.ndarray:
-    """A decode chunk for rows [0, n): tokens [n, chunk_steps]."""
+    """A chunk of decode steps for rows [0, n): tokens [n, chunk_steps]."""
+    last = jax.device_put(self.last[:n], self._replicated)
+    row_start, temperature, top_p, seeds = (a[:n] for a in (
+        self.row_start, self.temperature, self.top_p, self.seeds))
+    out = []
     with jax.set_mesh(self.mesh):
-      self.k, self.v, tokens = self._decode(
-          self.state, self.k, self.v, np.int32(self.end),
-          *(a[:n] for a in (self.row_start, self.last, self.positions, self.temperature,
-                            self.top_p, self.seeds, self.counters)))
-    return np.asarray(jax.device_get(tokens))
+      for i in range(self.chunk_steps):
+        self.k, self.v, last = self._decode(
+            self.rest, self.layers, self.k, self.v, np.int32(self.end + i), row_start, last,
+            self.positions[:n] + i, temperature, top_p, seeds, self.counters[:n] + i)
+        out.append(last)
+    return np.stack(jax.device_get(out), axis=1)
 
   def _step(self) -> None:
     for i, row in enumerate(self.rows):
@@ -301,8 +340,7 @@ class Engine:
         self._free(i)
     if not self.busy_rows:
       return
-    if self.end + self.chunk_steps > self.slots:
-      self._rebase(self._occupied())
+    self._fit()
     # Rows are taken lowest first, so the live ones sit in a prefix of the cache.
     live = max(i for i, r in enumerate(self.rows) if r is not None) + 1
     n = next(b for b in self.row_buckets if b >= live)

@@ -1,14 +1,26 @@
-"""The engine's compiled functions over its batched KV cache [layers, rows, kv_heads, slots, dim].
+"""The engine's compiled functions: per-layer weights and caches, one call per decode step.
 
-Every row writes the same slot at each step (`end`, shared), so a decode step
-is one `dynamic_update_slice`; a row's tokens occupy `[row_start, end)` and
-its RoPE positions count from its own first token. `prefill_row` fills one
-row, `decode_chunk` advances all rows by a fixed number of steps, and
-`roll_rows` moves every row's slots (the engine's re-base). Each takes the
-model as (graphdef, state) so that its shapes, not its weights, key the compile.
+Decoding reads every weight once per step. With the layers stacked on a
+leading axis (as training keeps them), XLA:CPU copies each layer's slice
+out of the stack before its matmuls, so a step moved the weights twice; the
+engine therefore holds the layers unstacked (`Unstacked`, one state per
+layer) and runs them unrolled, and keeps one key and one value buffer per
+layer, [rows, kv_heads, slots, head_dim], so attention reads a layer's cache
+in place.
+
+Every row writes the same slot at each step (`end`, shared): a row's tokens
+occupy `[row_start, end)` and its RoPE positions count from its own first
+token. The buffers' slot count is one of a few lengths (`length_buckets`),
+re-laid out (`relayout`) as the live rows' span grows and shrinks, so
+attention costs what the live context costs, not the longest one allowed.
+Each function takes the weights as arguments, so shapes, not weights, key
+the compile.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -16,85 +28,189 @@ from flax import nnx
 
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.inference import sampling as sampling_lib
-from helpsteer_jax.inference.decode import MIN_PROMPT_BUCKET
-from helpsteer_jax.models import kv_cache
-from helpsteer_jax.models.kv_cache import KVCache
+from helpsteer_jax.models import attention as attention_lib
+from helpsteer_jax.models.rope import rope_tables
+
+MIN_PROMPT_BUCKET = 16
+MIN_LENGTH_BUCKET = 128
+
+
+def _doubling(first: int, last: int) -> list[int]:
+  out, n = [], first
+  while n < last:
+    out.append(n)
+    n *= 2
+  return out + [last]
 
 
 def prompt_buckets(max_length: int) -> list[int]:
   """Prompt lengths compiled for prefill: powers of two from 16, then `max_length`."""
-  out, n = [], MIN_PROMPT_BUCKET
-  while n < max_length:
+  return _doubling(MIN_PROMPT_BUCKET, max_length)
+
+
+def length_buckets(max_length: int, chunk_steps: int) -> list[int]:
+  """Cache slot counts: powers of two from 128 up to `max_length`, each plus one chunk
+  (a chunk's writes always fit after a re-base)."""
+  return [n + chunk_steps for n in _doubling(min(MIN_LENGTH_BUCKET, max_length), max_length)]
+
+
+def row_buckets(max_batch: int) -> list[int]:
+  """Row counts compiled for decode: 1, then x4 up to `max_batch`."""
+  out, n = [], 1
+  while n < max_batch:
     out.append(n)
-    n *= 2
-  return out + [max_length]
+    n *= 4
+  return out + [max_batch]
 
 
-def prefill_row(state, k, v, tokens, length, row, end, temperature, top_p, seed, *, graphdef,
-                rules):
-  """Prefills one left-padded prompt [1, T] and writes it into `row`, ending at `end`;
-  returns the cache and the first sampled token."""
+@dataclasses.dataclass(frozen=True)
+class Unstacked:
+  """How to rebuild a `Decoder` whose layers are held one state per layer.
+
+  `split(model)` returns this (static: graph definitions and per-layer
+  windows) and the arrays: the non-layer state and the list of layer states.
+  `model(rest, layers)` merges the non-layer state with layer 0's state in
+  the layers' place; only its embedding, final norm and head are used.
+  """
+
+  graphdef: Any
+  layer_graphdef: Any
+  windows: tuple[int | None, ...]
+
+  @classmethod
+  def split(cls, model: nnx.Module) -> tuple["Unstacked", dict, list]:
+    graphdef, state = nnx.split(model)
+    layer_graphdef, stacked = nnx.split(model.layers)
+    n = model.cfg.num_layers
+    layers = [jax.tree.map(lambda a, i=i: a[i], stacked) for i in range(n)]
+    rest = {k: v for k, v in state.items() if k != "layers"}
+    pattern = model.cfg.window_pattern()
+    windows = tuple(pattern[i % len(pattern)] for i in range(n))
+    return cls(graphdef, layer_graphdef, windows), rest, layers
+
+  def model(self, rest: dict, layers: list) -> nnx.Module:
+    return nnx.merge(self.graphdef, nnx.State({**rest, "layers": layers[0]}))
+
+  def layer(self, state) -> nnx.Module:
+    return nnx.merge(self.layer_graphdef, state)
+
+
+def _layers_forward(unstacked: Unstacked, layer_states, x, cos, sin, attend):
+  """Runs the layers unrolled; `attend(i, attn_module, q, k, v, window)` -> [B, T, H, D]."""
+  for i, state in enumerate(layer_states):
+    layer = unstacked.layer(state)
+    with jax.named_scope("decoder_layer"):
+      h = layer.input_norm(x)
+      q, k, v = layer.attn.project_qkv(h, cos, sin)
+      out = attend(i, layer.attn, q, k, v, unstacked.windows[i])
+      x = layer.add_mlp(x, layer.attn.output(out))
+  return x
+
+
+def _heads_first(x: jax.Array, dtype) -> jax.Array:
+  """[B, T, K, D] -> [B, K, T, D] in the cache dtype."""
+  return x.transpose(0, 2, 1, 3).astype(dtype)
+
+
+def prefill(rest, layers, tokens, length, temperature, top_p, seed, *,
+            unstacked: Unstacked, rules, cache_dtype):
+  """Runs one left-padded prompt [1, T]; returns its per-layer keys and values
+  ([1, K, T, D] each) and the first sampled token."""
   with sharding_lib.axis_rules(rules):
-    model = nnx.merge(graphdef, state)
+    model = unstacked.model(rest, layers)
     t = tokens.shape[1]
     index = jnp.arange(t, dtype=jnp.int32)[None]
     pad = t - length
     segment_ids = (index >= pad).astype(jnp.int32)
     positions = jnp.maximum(index - pad, 0)
-    small = KVCache.init(model.cfg, 1, t)
-    hidden, small = kv_cache.prefill(model, tokens, positions, segment_ids, small)
-    first = sampling_lib.sample_rows(model.logits(hidden[:, -1:])[:, 0],
+    cos, sin = rope_tables(positions, model.cfg)
+    info = attention_lib.MaskInfo(segment_ids, segment_ids, 0)
+    ks, vs = [], []
+
+    def attend(i, attn, q, k, v, window):
+      ks.append(_heads_first(k, cache_dtype))
+      vs.append(_heads_first(v, cache_dtype))
+      return attn.attend(q, k, v, info, window)
+
+    x = _layers_forward(unstacked, layers, model.embed_tokens(tokens), cos, sin, attend)
+    hidden = model.final_norm(x[:, -1:])
+    first = sampling_lib.sample_rows(model.logits(hidden)[:, 0],
                                      jax.random.fold_in(jax.random.key(seed), 0)[None],
-                                     temperature[None],
-                                     top_p[None])
-    zero = jnp.zeros((), jnp.int32)
-    at = (zero, row, zero, end - t, zero)
-    k = jax.lax.dynamic_update_slice(k, small.k.astype(k.dtype), at)
-    v = jax.lax.dynamic_update_slice(v, small.v.astype(v.dtype), at)
-    return k, v, first[0]
+                                     temperature[None], top_p[None])
+    return ks, vs, first[0]
 
 
-def row_buckets(max_batch: int) -> list[int]:
-  """Row counts compiled for decode: powers of two below `max_batch`, then `max_batch`."""
-  out, n = [], 1
-  while n < max_batch:
-    out.append(n)
-    n *= 2
-  return out + [max_batch]
+def insert(ks, vs, new_ks, new_vs, row, end):
+  """Writes one prompt's per-layer keys and values into `row`, ending at slot `end`."""
+  zero = jnp.zeros((), jnp.int32)
+  t = new_ks[0].shape[2]
+  at = (row, zero, end - t, zero)
+  return ([jax.lax.dynamic_update_slice(k, n, at) for k, n in zip(ks, new_ks)],
+          [jax.lax.dynamic_update_slice(v, n, at) for v, n in zip(vs, new_vs)])
 
 
-def decode_chunk(state, k, v, end, row_start, last, positions, temperature, top_p, seeds,
-                 counters, *, graphdef, rules, steps: int):
-  """`steps` decode steps for the first `n = len(row_start)` rows (per-row sampling
-  settings and PRNG streams); returns the cache and their tokens [n, steps].
+def decode_step(rest, layers, ks, vs, end, row_start, last, positions, temperature, top_p,
+                seeds, counters, *, unstacked: Unstacked, rules):
+  """One decode step for the first `n = len(row_start)` rows (per-row sampling settings
+  and PRNG streams); returns the caches and their new tokens [n].
 
-  Only those rows are computed: with few requests live, a step costs what their
-  rows cost, not the whole cache's.
+  Only those rows are computed: with few requests live, a step costs what
+  their rows cost, not the whole cache's.
   """
   with sharding_lib.axis_rules(rules):
-    model = nnx.merge(graphdef, state)
-    n = row_start.shape[0]
-    slots = jnp.arange(k.shape[3], dtype=jnp.int32)[None]
-    segment_ids = ((slots >= row_start[:, None]) & (slots < end)).astype(jnp.int32)
-    full_k, full_v = k, v
-    k, v = k[:, :n], v[:, :n]
-    cache = KVCache(k=k, v=v, segment_ids=segment_ids, end=end)
-    keys = jax.vmap(jax.random.key)(seeds)
-
-    def step(carry, i):
-      cache, last = carry
-      hidden, cache = kv_cache.decode_step(model, last[:, None], (positions + i)[:, None], cache)
-      step_keys = jax.vmap(jax.random.fold_in)(keys, counters + i)
-      new = sampling_lib.sample_rows(model.logits(hidden)[:, 0], step_keys, temperature, top_p)
-      return (cache, new), new
-
-    (cache, _), tokens = jax.lax.scan(step, (cache, last), jnp.arange(steps, dtype=jnp.int32))
+    model = unstacked.model(rest, layers)
+    n, rows = row_start.shape[0], ks[0].shape[0]
+    slots = jnp.arange(ks[0].shape[2], dtype=jnp.int32)[None]
+    filled = ((slots >= row_start[:, None]) & (slots <= end)).astype(jnp.int32)
+    info = attention_lib.MaskInfo(jnp.ones((n, 1), jnp.int32), filled, end)
+    cos, sin = rope_tables(positions[:, None], model.cfg)
     zero = jnp.zeros((), jnp.int32)
-    at = (zero,) * 5
-    return (jax.lax.dynamic_update_slice(full_k, cache.k, at),
-            jax.lax.dynamic_update_slice(full_v, cache.v, at), tokens.T)
+    new_ks, new_vs = list(ks), list(vs)
+
+    def attend(i, attn, q, k, v, window):
+      k_cache, v_cache = ks[i], vs[i]
+      if n < rows:
+        k_cache, v_cache = k_cache[:n], v_cache[:n]
+      k_cache = jax.lax.dynamic_update_slice(k_cache, _heads_first(k, k_cache.dtype),
+                                             (zero, zero, end, zero))
+      v_cache = jax.lax.dynamic_update_slice(v_cache, _heads_first(v, v_cache.dtype),
+                                             (zero, zero, end, zero))
+      if n < rows:
+        new_ks[i] = jax.lax.dynamic_update_slice(ks[i], k_cache, (zero,) * 4)
+        new_vs[i] = jax.lax.dynamic_update_slice(vs[i], v_cache, (zero,) * 4)
+      else:
+        new_ks[i], new_vs[i] = k_cache, v_cache
+      return attention_lib.cached_attention(q, k_cache, v_cache, info, **attn.knobs(window))
+
+    x = _layers_forward(unstacked, layers, model.embed_tokens(last[:, None]), cos, sin, attend)
+    hidden = model.final_norm(x)
+    keys = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(seeds, counters)
+    new = sampling_lib.sample_rows(model.logits(hidden)[:, 0], keys, temperature, top_p)
+    return new_ks, new_vs, new
 
 
-def roll_rows(k, v, shift):
-  """Moves every row's slots by `shift` (positive: right)."""
-  return jnp.roll(k, shift, axis=3), jnp.roll(v, shift, axis=3)
+def relayout(ks, vs, shift, *, length: int):
+  """Moves every row's slots right by `shift` (negative: left) and gives the buffers
+  `length` slots; slots moved past either end are free ones."""
+  def one(x):
+    have = x.shape[2]
+    if length > have:  # grow first, so that nothing live wraps around
+      x = jnp.pad(x, ((0, 0), (0, 0), (0, length - have), (0, 0)))
+    return jnp.roll(x, shift, axis=2)[:, :, :length]
+  return [one(k) for k in ks], [one(v) for v in vs]
+
+
+def cache_sharding(mesh, rules) -> jax.sharding.NamedSharding:
+  """How a layer's [rows, kv_heads, slots, head_dim] buffer lies on the mesh."""
+  spec = sharding_lib.logical_to_spec(("batch", "kv_heads", "length", "head_dim"), rules)
+  return jax.sharding.NamedSharding(mesh, spec)
+
+
+def empty_caches(cfg, rows: int, length: int, dtype,
+                 sharding: jax.sharding.NamedSharding) -> tuple[list, list]:
+  """Zeroed per-layer key and value buffers [rows, kv_heads, length, head_dim]."""
+  shape = (rows, cfg.num_kv_heads, length, cfg.head_dim)
+  zeros = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
+  # One call per buffer: each must be its own (donated) array.
+  return ([zeros() for _ in range(cfg.num_layers)],
+          [zeros() for _ in range(cfg.num_layers)])
