@@ -182,4 +182,4 @@ def _real_extra_builds_smollm2(tree: pathlib.Path, python: pathlib.Path, env: di
   assert (model.cfg.vocab_size, model.cfg.num_layers) == (49152, 30)
   tokenizer = hf.load_tokenizer(out)
   assert tokenizer.decode(tokenizer("Paris")["input_ids"]) == "Paris"
-  shutil.rmtree(out)  # 540 MB; a failing build keeps its output to look at
+  shutil.rmtree(out)  # a failing build keeps its output to look at
