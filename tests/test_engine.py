@@ -118,11 +118,12 @@ def test_seeded_sampling_repeats_and_seeds_differ(setup):
 def test_sample_rows_matches_the_static_sampler():
   logits = jax.random.normal(jax.random.key(0), (3, 50)) * 3
   keys = jax.vmap(jax.random.key)(np.arange(3, dtype=np.uint32))
-  greedy = sampling_lib.sample_rows(logits, keys, np.zeros(3, np.float32), np.ones(3, np.float32))
+  greedy, _ = sampling_lib.sample_rows(logits, keys, np.zeros(3, np.float32),
+                                      np.ones(3, np.float32))
   np.testing.assert_array_equal(greedy, np.argmax(logits, -1))
   # One row sampled with top-p: the same draw as the static-config sampler.
   config = sampling_lib.SamplingConfig(temperature=0.7, top_p=0.5)
-  mixed = sampling_lib.sample_rows(logits, keys, np.asarray([0.0, 0.7, 0.0], np.float32),
+  mixed, _ = sampling_lib.sample_rows(logits, keys, np.asarray([0.0, 0.7, 0.0], np.float32),
                                    np.asarray([1.0, 0.5, 1.0], np.float32))
   alone = sampling_lib.next_token(logits[1:2], keys[1], config)
   assert int(mixed[1]) == int(alone[0])
@@ -143,3 +144,65 @@ def test_cancel_frees_the_row_and_bad_sizes_are_refused(setup):
     eng.submit(engine_lib.DecodeRequest(ids, 96, q.put))
   with pytest.raises(ValueError, match="empty"):
     eng.submit(engine_lib.DecodeRequest([], 4, q.put))
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+  x = x.astype(np.float64)
+  x = x - x.max(-1, keepdims=True)
+  return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+@pytest.fixture(scope="module")
+def batch_engine(setup):
+  """An engine driven by its batch API (no scheduler thread), 16 rows."""
+  gen, _ = setup
+  model = builder.create(catalog.model_config("tiny", initializer_range=0.1), seed=0)
+  mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+  eng = engine_lib.Engine(model, mesh, gen.tokenizer, max_batch=16, max_length=96,
+                          chunk_steps=8, stop_ids=gen.stop.ids, eos_ids=gen.eos_ids,
+                          stop_strings=gen.stop_strings)
+  return model, eng
+
+
+def test_batch_api_equals_the_streaming_engine_and_its_logprobs_are_the_models(
+    setup, batch_engine):
+  gen, streaming = setup
+  model, eng = batch_engine
+  prompts = [gen.encode(_prompt(*p)) for p in PROMPTS]
+  requests = [dict(prompt_ids=ids, max_tokens=20) for ids in prompts]
+  outputs = eng.generate([engine_lib.DecodeRequest(**r) for r in requests])
+  for out, (update, _) in zip(outputs, _run(streaming, requests)):
+    assert out.text == update.text and out.finish_reason == update.finish_reason
+    assert len(out.token_ids) == len(out.logprobs) == update.completion_tokens
+
+  # Reference: the full forward over prompt + completion, log-softmax in NumPy.
+  hot = dict(temperature=0.7, top_k=5, seed=11)
+  sampled = eng.generate([engine_lib.DecodeRequest(prompt_ids=prompts[2], max_tokens=12,
+                                                   **hot)])[0]
+  for out, settings in [(outputs[0], {}), (outputs[2], {}), (sampled, hot)]:
+    ids = (prompts[0] if out is outputs[0] else prompts[2]) + out.token_ids
+    tokens = np.asarray([ids], np.int32)
+    positions = np.arange(len(ids), dtype=np.int32)[None]
+    logits = np.asarray(model.logits(model(tokens, positions, np.ones_like(tokens))))[0]
+    start = len(ids) - len(out.token_ids) - 1
+    rows = logits[start:start + len(out.token_ids)]
+    if settings:
+      rows = rows / settings["temperature"]
+      kth = -np.sort(-rows, -1)[:, settings["top_k"] - 1:settings["top_k"]]
+      rows = np.where(rows >= kth, rows, -np.inf)
+    want = _log_softmax(rows)[np.arange(len(out.token_ids)), out.token_ids]
+    np.testing.assert_allclose(out.logprobs, want, atol=2e-5)
+    if not settings:
+      np.testing.assert_array_equal(out.token_ids, rows.argmax(-1))
+
+
+def test_greedy_is_the_same_alone_and_among_15_others(setup, batch_engine):
+  gen, _ = setup
+  _, eng = batch_engine
+  prompts = [gen.encode(_prompt(*PROMPTS[i % 4])) for i in range(16)]
+  others = [gen.encode(f"Question {i}: " + _prompt(*PROMPTS[(i + 1) % 4])) for i in range(15)]
+  for i in range(4):
+    alone = eng.generate([engine_lib.DecodeRequest(prompt_ids=prompts[i], max_tokens=12)])[0]
+    crowd = eng.generate([engine_lib.DecodeRequest(prompt_ids=p, max_tokens=12)
+                          for p in others[:i] + [prompts[i]] + others[i:]])[i]
+    assert crowd.token_ids == alone.token_ids, i

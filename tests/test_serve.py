@@ -293,20 +293,28 @@ def test_annotate_through_the_server_equals_annotate_in_process(server, tmp_path
 
 def test_sigterm_drains_in_flight_requests_and_exits_0(server):
   client = server.client()
-  result = {}
+  result, streaming = {}, threading.Event()
 
   def ask():
-    result["r"] = _chat(client, max_tokens=100, temperature=0)
+    # Streamed, so that the signal provably lands after the rows started.
+    stream = _chat(client, max_tokens=300, temperature=0, n=3, stream=True,
+                   stream_options={"include_usage": True})
+    finished = {}
+    for chunk in stream:
+      streaming.set()
+      for c in chunk.choices:
+        if c.finish_reason:
+          finished[c.index] = c.finish_reason
+      result["usage"] = chunk.usage or result.get("usage")
+    result["finished"] = finished
 
   thread = threading.Thread(target=ask)
   thread.start()
-  deadline = time.time() + 60
-  while server.stats()["busy_rows"] == 0:
-    assert time.time() < deadline
-    time.sleep(0.01)
+  assert streaming.wait(60)
   server.proc.send_signal(signal.SIGTERM)
   thread.join(120)
-  assert result["r"].usage.completion_tokens >= 1
+  assert sorted(result["finished"]) == [0, 1, 2]
+  assert result["usage"].completion_tokens >= 3
   assert server.proc.wait(120) == 0, server.output()
   assert "serve: stopped after" in server.output()
   with pytest.raises(httpx.TransportError):

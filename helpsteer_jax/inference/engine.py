@@ -47,16 +47,30 @@ from helpsteer_jax.inference.row_stream import RowStream, Update
 @dataclasses.dataclass
 class DecodeRequest:
   """One completion to generate. `stop_strings` end it (and are cut from the
-  text) besides the engine's stop ids; `on_update(update)` is called from the
-  scheduler thread with each piece of new text."""
+  text) besides the engine's stop ids; `on_update(update)`, if given, is
+  called from the scheduler with each piece of new text. `top_k = 0` and
+  `top_p = 1` are off; `temperature = 0` is greedy."""
 
   prompt_ids: Sequence[int]
   max_tokens: int
-  on_update: Callable[["Update"], None]
+  on_update: Callable[["Update"], None] | None = None
   temperature: float = 0.0
   top_p: float = 1.0
+  top_k: int = 0
   seed: int = 0
   stop_strings: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass
+class Output:
+  """A finished request: its token ids (through the stop token or the token that
+  completed a stop string), each one's log-probability under the distribution it
+  was drawn from, the text (stop strings and EOS cut) and "stop" / "length"."""
+
+  token_ids: list[int]
+  logprobs: list[float]
+  text: str
+  finish_reason: str
 
 
 class Handle:
@@ -65,6 +79,7 @@ class Handle:
   def __init__(self, request: DecodeRequest):
     self.request = request
     self.cancelled = False
+    self.output: Output | None = None  # set when it finishes
 
   def cancel(self) -> None:
     self.cancelled = True
@@ -76,6 +91,7 @@ class _Row:
 
   handle: Handle
   stream: RowStream
+  logprobs: list[float] = dataclasses.field(default_factory=list)
 
   @property
   def request(self) -> DecodeRequest:
@@ -127,11 +143,13 @@ class Engine:
     self._replicated = NamedSharding(mesh, PartitionSpec())
     self._prefill = jax.jit(functools.partial(engine_steps.prefill, **static,
                                               cache_dtype=cfg.compute_dtype),
-                            out_shardings=(caches, caches, self._replicated))
+                            out_shardings=(caches, caches, self._replicated,
+                                           self._replicated))
     self._insert = jax.jit(engine_steps.insert, donate_argnums=(0, 1),
                            out_shardings=(caches, caches))
     self._decode = jax.jit(functools.partial(engine_steps.decode_step, **static),
-                           donate_argnums=(2, 3), out_shardings=(caches, caches, self._replicated))
+                           donate_argnums=(2, 3),
+                           out_shardings=(caches, caches, self._replicated, self._replicated))
     self._relayout = jax.jit(engine_steps.relayout, static_argnames="length",
                              donate_argnums=(0, 1), out_shardings=(caches, caches))
     self.length = self.lengths[0]
@@ -144,6 +162,7 @@ class Engine:
     self.last = np.zeros(max_batch, np.int32)
     self.temperature = np.zeros(max_batch, np.float32)
     self.top_p = np.ones(max_batch, np.float32)
+    self.top_k = np.zeros(max_batch, np.int32)
     self.counters = np.zeros(max_batch, np.int32)
     self.seeds = np.zeros(max_batch, np.uint32)
     self.waiting: collections.deque[Handle] = collections.deque()
@@ -165,7 +184,7 @@ class Engine:
     """Compiles every prompt bucket's prefill, every (rows, slots) decode step, the
     prompt inserts and the re-layouts between slot counts."""
     for t in self.buckets:
-      ks, vs, _ = self._run_prefill([self.pad_id], 0.0, 1.0, 0, t)
+      ks, vs, _, _ = self._run_prefill([self.pad_id], 0.0, 1.0, 0, 0, t)
       for length in self.lengths:
         if length >= t + self.chunk_steps:
           self._resize(length, 0)
@@ -222,6 +241,27 @@ class Engine:
     if self._thread is not None:
       self._thread.join(timeout)
 
+  def generate(self, requests: Sequence[DecodeRequest]) -> list[Output]:
+    """Runs `requests` to the end in the calling thread; their outputs in order.
+
+    The offline API (tasks, rollouts): the scheduler thread must not be
+    running. Scheduling depends only on the requests and the tokens, so every
+    process of a multi-process run makes the same decisions.
+    """
+    if self._thread is not None:
+      raise RuntimeError("generate() runs the scheduler itself: not after start()")
+    for r in requests:
+      self.check(len(r.prompt_ids), r.max_tokens)
+    handles = collections.deque(Handle(r) for r in requests)
+    done = list(handles)
+    while handles or self.busy_rows:
+      free = [i for i, r in enumerate(self.rows) if r is None]
+      self._admit([handles.popleft() for _ in range(min(len(free), len(handles)))], free)
+      if self.busy_rows:
+        self._step()
+    self.stats["requests"] += len(done)
+    return [h.output for h in done]
+
   @property
   def busy_rows(self) -> int:
     return sum(r is not None for r in self.rows)
@@ -243,12 +283,17 @@ class Engine:
           self._step()
       except Exception as e:  # noqa: BLE001 - every waiting client must hear of it
         logging.exception("engine failure")
-        self._fail_all(e)
+        self._fail_all(e, [h for h in newcomers if h.output is None and not any(
+            r is not None and r.handle is h for r in self.rows)])
 
-  def _fail_all(self, error: Exception) -> None:
+  def _fail_all(self, error: Exception, unadmitted: Sequence[Handle] = ()) -> None:
+    """Ends every live row, and the newcomers not yet admitted, with an error update."""
+    failed = [(row.handle, len(row.stream.ids)) for row in self.rows if row is not None]
+    for handle, tokens in failed + [(h, 0) for h in unadmitted]:
+      if handle.request.on_update is not None:
+        handle.request.on_update(Update("", tokens, "error", str(error)))
     for i, row in enumerate(self.rows):
       if row is not None:
-        row.request.on_update(Update("", len(row.stream.ids), "error", str(error)))
         self._free(i)
 
   def _free(self, i: int) -> None:
@@ -283,14 +328,16 @@ class Engine:
   def _bucket(self, n: int) -> int:
     return next(b for b in self.buckets if b >= n)
 
-  def _run_prefill(self, ids: Sequence[int], temperature: float, top_p: float, seed: int,
-                   bucket: int):
-    """Per-layer keys and values of `ids` left-padded to `bucket`, and the first token."""
+  def _run_prefill(self, ids: Sequence[int], temperature: float, top_p: float, top_k: int,
+                   seed: int, bucket: int):
+    """Per-layer keys and values of `ids` left-padded to `bucket`, the first token and
+    its log-probability."""
     tokens = np.full((1, bucket), self.pad_id, np.int32)
     tokens[0, bucket - len(ids):] = ids
     with jax.set_mesh(self.mesh):
       return self._prefill(self.rest, self.layers, tokens, np.int32(len(ids)),
-                           np.float32(temperature), np.float32(top_p), np.uint32(seed))
+                           np.float32(temperature), np.float32(top_p), np.int32(top_k),
+                           np.uint32(seed))
 
   def _run_insert(self, ks, vs, row: int) -> None:
     with jax.set_mesh(self.mesh):
@@ -304,33 +351,37 @@ class Engine:
         continue
       bucket = self._bucket(len(req.prompt_ids))
       self._fit(bucket)
-      ks, vs, first = self._run_prefill(req.prompt_ids, req.temperature, req.top_p, req.seed,
-                                        bucket)
+      ks, vs, first, logp = self._run_prefill(req.prompt_ids, req.temperature, req.top_p,
+                                              req.top_k, req.seed, bucket)
       self._run_insert(ks, vs, i)
       first = int(first)
       self.rows[i] = _Row(handle, RowStream(self.tokenizer, req.max_tokens, self.stop_ids,
                                             self.eos_ids,
-                                            self.stop_strings + tuple(req.stop_strings)))
+                                            self.stop_strings + tuple(req.stop_strings)),
+                          [float(logp)])
       self.row_start[i] = self.end - len(req.prompt_ids)
       self.positions[i] = len(req.prompt_ids)
-      self.temperature[i], self.top_p[i] = req.temperature, req.top_p
+      self.temperature[i], self.top_p[i], self.top_k[i] = req.temperature, req.top_p, req.top_k
       self.seeds[i], self.counters[i] = np.uint32(req.seed), 1
       self.last[i] = first
       self._deliver(i, [first])
 
-  def _run_decode(self, n: int) -> np.ndarray:
-    """A chunk of decode steps for rows [0, n): tokens [n, chunk_steps]."""
+  def _run_decode(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """A chunk of decode steps for rows [0, n): tokens and their log-probabilities,
+    [n, chunk_steps] each."""
     last = jax.device_put(self.last[:n], self._replicated)
-    row_start, temperature, top_p, seeds = (a[:n] for a in (
-        self.row_start, self.temperature, self.top_p, self.seeds))
-    out = []
+    row_start, temperature, top_p, top_k, seeds = (a[:n] for a in (
+        self.row_start, self.temperature, self.top_p, self.top_k, self.seeds))
+    tokens, logprobs = [], []
     with jax.set_mesh(self.mesh):
       for i in range(self.chunk_steps):
-        self.k, self.v, last = self._decode(
+        self.k, self.v, last, logp = self._decode(
             self.rest, self.layers, self.k, self.v, np.int32(self.end + i), row_start, last,
-            self.positions[:n] + i, temperature, top_p, seeds, self.counters[:n] + i)
-        out.append(last)
-    return np.stack(jax.device_get(out), axis=1)
+            self.positions[:n] + i, temperature, top_p, top_k, seeds, self.counters[:n] + i)
+        tokens.append(last)
+        logprobs.append(logp)
+    tokens, logprobs = jax.device_get((tokens, logprobs))
+    return np.stack(tokens, axis=1), np.stack(logprobs, axis=1)
 
   def _step(self) -> None:
     for i, row in enumerate(self.rows):
@@ -344,7 +395,7 @@ class Engine:
     # Rows are taken lowest first, so the live ones sit in a prefix of the cache.
     live = max(i for i, r in enumerate(self.rows) if r is not None) + 1
     n = next(b for b in self.row_buckets if b >= live)
-    tokens = self._run_decode(n)
+    tokens, logprobs = self._run_decode(n)
     self.end += self.chunk_steps
     self.positions[:n] += self.chunk_steps
     self.counters[:n] += self.chunk_steps
@@ -352,14 +403,18 @@ class Engine:
     self.stats["chunks"] += 1
     for i, row in enumerate(self.rows[:n]):
       if row is not None:
+        row.logprobs.extend(logprobs[i].tolist())
         self._deliver(i, tokens[i].tolist())
 
   def _deliver(self, i: int, new: list[int]) -> None:
     """Feeds a row's new tokens to its stream; sends its update; frees it when finished."""
     row = self.rows[i]
     update = row.stream.add(new)
-    if update is not None:
+    if update is not None and row.request.on_update is not None:
       row.request.on_update(update)
     if row.stream.finished:
-      self.stats["generated_tokens"] += len(row.stream.ids)
+      ids = row.stream.ids
+      row.handle.output = Output(list(ids), row.logprobs[:len(ids)], update.text,
+                                 update.finish_reason)
+      self.stats["generated_tokens"] += len(ids)
       self._free(i)

@@ -112,10 +112,10 @@ def _heads_first(x: jax.Array, dtype) -> jax.Array:
   return x.transpose(0, 2, 1, 3).astype(dtype)
 
 
-def prefill(rest, layers, tokens, length, temperature, top_p, seed, *,
+def prefill(rest, layers, tokens, length, temperature, top_p, top_k, seed, *,
             unstacked: Unstacked, rules, cache_dtype):
   """Runs one left-padded prompt [1, T]; returns its per-layer keys and values
-  ([1, K, T, D] each) and the first sampled token."""
+  ([1, K, T, D] each), the first sampled token and its log-probability."""
   with sharding_lib.axis_rules(rules):
     model = unstacked.model(rest, layers)
     t = tokens.shape[1]
@@ -134,10 +134,10 @@ def prefill(rest, layers, tokens, length, temperature, top_p, seed, *,
 
     x = _layers_forward(unstacked, layers, model.embed_tokens(tokens), cos, sin, attend)
     hidden = model.final_norm(x[:, -1:])
-    first = sampling_lib.sample_rows(model.logits(hidden)[:, 0],
-                                     jax.random.fold_in(jax.random.key(seed), 0)[None],
-                                     temperature[None], top_p[None])
-    return ks, vs, first[0]
+    first, logp = sampling_lib.sample_rows(
+        model.logits(hidden)[:, 0], jax.random.fold_in(jax.random.key(seed), 0)[None],
+        temperature[None], top_p[None], top_k[None])
+    return ks, vs, first[0], logp[0]
 
 
 def insert(ks, vs, new_ks, new_vs, row, end):
@@ -150,9 +150,10 @@ def insert(ks, vs, new_ks, new_vs, row, end):
 
 
 def decode_step(rest, layers, ks, vs, end, row_start, last, positions, temperature, top_p,
-                seeds, counters, *, unstacked: Unstacked, rules):
+                top_k, seeds, counters, *, unstacked: Unstacked, rules):
   """One decode step for the first `n = len(row_start)` rows (per-row sampling settings
-  and PRNG streams); returns the caches and their new tokens [n].
+  and PRNG streams); returns the caches, their new tokens [n] and the tokens'
+  log-probabilities [n] (`sampling.sample_rows`).
 
   Only those rows are computed: with few requests live, a step costs what
   their rows cost, not the whole cache's.
@@ -185,8 +186,9 @@ def decode_step(rest, layers, ks, vs, end, row_start, last, positions, temperatu
     x = _layers_forward(unstacked, layers, model.embed_tokens(last[:, None]), cos, sin, attend)
     hidden = model.final_norm(x)
     keys = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(seeds, counters)
-    new = sampling_lib.sample_rows(model.logits(hidden)[:, 0], keys, temperature, top_p)
-    return new_ks, new_vs, new
+    new, logp = sampling_lib.sample_rows(model.logits(hidden)[:, 0], keys, temperature,
+                                         top_p, top_k)
+    return new_ks, new_vs, new, logp
 
 
 def relayout(ks, vs, shift, *, length: int):

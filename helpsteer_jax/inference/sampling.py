@@ -82,25 +82,50 @@ def next_token(logits: jax.Array, key: jax.Array, config: SamplingConfig) -> jax
   return jax.random.categorical(key, filter_logits(logits, config), axis=-1).astype(jnp.int32)
 
 
-def sample_rows(logits: jax.Array, keys: jax.Array, temperature: jax.Array,
-                top_p: jax.Array) -> jax.Array:
-  """Token ids [batch] with per-row settings: temperature [batch] (0 = greedy),
-  top_p [batch] (1 = off) and one PRNG key per row.
+def top_k_rows_mask(logits: jax.Array, k: jax.Array) -> jax.Array:
+  """`top_k_mask` with one k per row [batch] (0 = off): logit >= the row's k-th largest."""
+  ranked = -jnp.sort(-logits, axis=-1)
+  kth = jnp.take_along_axis(ranked, jnp.clip(k - 1, 0, logits.shape[-1] - 1)[:, None], axis=-1)
+  return (logits >= kth) | (k <= 0)[:, None]
 
-  The settings are arrays, not static config, so rows that sample differently
-  share one compiled function. The top-p sort runs only when some row uses
-  it, sampling only when some row samples.
+
+def sample_rows(logits: jax.Array, keys: jax.Array, temperature: jax.Array,
+                top_p: jax.Array, top_k: jax.Array | None = None
+                ) -> tuple[jax.Array, jax.Array]:
+  """Token ids [batch] with per-row settings, and their log-probabilities [batch].
+
+  temperature [batch] (0 = greedy), top_p [batch] (1 = off), top_k [batch]
+  (0 = off) and one PRNG key per row. The settings are arrays, not static
+  config, so rows that sample differently share one compiled function; the
+  sorts run only when some row filters, sampling only when some row samples.
+  A log-probability is under the distribution the row draws from: the
+  model's for a greedy row; temperature-scaled, filtered and renormalised
+  for a sampled one.
   """
   logits = logits.astype(jnp.float32)
+  if top_k is None:
+    top_k = jnp.zeros(logits.shape[:1], jnp.int32)
   greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
-  def sample() -> jax.Array:
+  def pick(logp: jax.Array, tokens: jax.Array) -> jax.Array:
+    return jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+
+  def sample() -> tuple[jax.Array, jax.Array]:
     scaled = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
+    scaled = jax.lax.cond(
+        jnp.any(top_k > 0),
+        lambda: jnp.where(top_k_rows_mask(scaled, top_k), scaled, -jnp.inf),
+        lambda: scaled)
     scaled = jax.lax.cond(
         jnp.any(top_p < 1.0),
         lambda: jnp.where(top_p_mask(scaled, top_p[:, None]), scaled, -jnp.inf),
         lambda: scaled)
     drawn = jax.vmap(lambda k, row: jax.random.categorical(k, row))(keys, scaled)
-    return jnp.where(temperature > 0, drawn.astype(jnp.int32), greedy)
+    drawn = drawn.astype(jnp.int32)
+    tokens = jnp.where(temperature > 0, drawn, greedy)
+    logp = jnp.where(temperature > 0, pick(jax.nn.log_softmax(scaled), drawn),
+                     pick(jax.nn.log_softmax(logits), greedy))
+    return tokens, logp
 
-  return jax.lax.cond(jnp.any(temperature > 0), sample, lambda: greedy)
+  return jax.lax.cond(jnp.any(temperature > 0), sample,
+                      lambda: (greedy, pick(jax.nn.log_softmax(logits), greedy)))

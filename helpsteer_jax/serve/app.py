@@ -141,7 +141,9 @@ def create_app(policy: Policy, settings: Settings, attribute_model: AttributeMod
       for i, seed in enumerate(j.seeds):
         put = lambda u, i=i: loop.call_soon_threadsafe(updates.put_nowait, (i, u))
         handles.append(engine.submit(engine_lib.DecodeRequest(
-            j.prompt_ids, j.max_tokens, put, j.temperature, j.top_p, seed, j.stop_strings)))
+            prompt_ids=j.prompt_ids, max_tokens=j.max_tokens, on_update=put,
+            temperature=j.temperature, top_p=j.top_p, seed=seed,
+            stop_strings=j.stop_strings)))
     except RuntimeError as e:  # shutting down
       for h in handles:
         h.cancel()
