@@ -61,6 +61,11 @@ def test_models_chat_and_steering(server):
       "verbosity": 1, "humor": 3}})
   as_label = _chat(client, max_tokens=12, temperature=0,
                    extra_body={"attributes": "verbosity:1,humor:3"})
+  # vLLM's and SGLang's spelling of template variables steers the same way.
+  as_kwargs = _chat(client, max_tokens=12, temperature=0, extra_body={
+      "chat_template_kwargs": {"attributes": {"verbosity": 1, "humor": 3}}})
+  assert as_kwargs.choices[0].message.content == as_dict.choices[0].message.content
+  assert as_kwargs.usage == as_dict.usage
   assert as_dict.object == "chat.completion" and as_dict.model == "tiny"
   assert as_dict.choices[0].message.role == "assistant"
   assert as_dict.choices[0].message.content == as_label.choices[0].message.content
@@ -148,6 +153,14 @@ def test_completions_n_seed_and_streaming(server):
     ({"attributes": {"wit": 1}}, "attributes", "unknown attribute"),
     ({"attributes": {"verbosity": 5}}, "attributes", "outside 0..4"),
     ({"attributes": "verbosity=1"}, "attributes", "malformed label"),
+    ({"chat_template_kwargs": {"attributes": {"verbosity": 5}}},
+     "chat_template_kwargs.attributes", "outside 0..4"),
+    ({"chat_template_kwargs": {"attributes": 3}}, "chat_template_kwargs.attributes",
+     "an object or a label string"),
+    ({"chat_template_kwargs": {"enable_thinking": True}}, "chat_template_kwargs.enable_thinking",
+     "takes only 'attributes'"),
+    ({"attributes": {"verbosity": 1}, "chat_template_kwargs": {"attributes": {"verbosity": 1}}},
+     "attributes", "not both"),
     ({"model": "gpt-4"}, "model", "does not exist"),
     ({"n": 4}, "n", "limit 3"),
     ({"max_tokens": 501}, "max_tokens", "limit 500"),

@@ -224,7 +224,8 @@ def create_app(policy: Policy, settings: Settings, attribute_model: AttributeMod
   @app.post("/v1/chat/completions")
   async def chat(request: fastapi.Request):
     req = _parse(protocol.ChatRequest, await request.body())
-    attributes = protocol.attributes(req.attributes, settings.attributes)
+    given, param = req.requested_attributes()
+    attributes = protocol.attributes(given, settings.attributes, param)
     label = template.label_string(attributes)
     conv = protocol.conversation(req.messages, label, settings.system)
     prompt = template.generation_prompt(conv, attributes)

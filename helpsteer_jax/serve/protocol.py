@@ -82,6 +82,24 @@ class ChatRequest(_Sampling):
   messages: list[Message] = pydantic.Field(min_length=1)
   max_completion_tokens: int | None = pydantic.Field(None, ge=1)
   attributes: dict[str, Any] | str | None = None
+  # vLLM's and SGLang's way to pass template variables: one client steers either server.
+  chat_template_kwargs: dict[str, Any] | None = None
+
+  def requested_attributes(self) -> tuple[dict[str, Any] | str | None, str]:
+    """The attributes asked for and the parameter that asked (`attributes` or
+    `chat_template_kwargs.attributes`)."""
+    kwargs = dict(self.chat_template_kwargs or {})
+    unknown = sorted(set(kwargs) - {"attributes"})
+    if unknown:
+      raise ApiError(f"chat_template_kwargs: this model's template takes only 'attributes',"
+                     f" not {', '.join(map(repr, unknown))}",
+                     param=f"chat_template_kwargs.{unknown[0]}")
+    if "attributes" in kwargs:
+      if self.attributes is not None:
+        raise ApiError("give the attributes once: `attributes` or"
+                       " `chat_template_kwargs.attributes`, not both", param="attributes")
+      return kwargs["attributes"], "chat_template_kwargs.attributes"
+    return self.attributes, "attributes"
 
 
 class CompletionRequest(_Sampling):
@@ -109,14 +127,18 @@ def validation_error(error: pydantic.ValidationError) -> ApiError:
   return ApiError(f"{where}: {first['msg']}" if where else first["msg"], param=where or None)
 
 
-def attributes(given: dict[str, Any] | str | None, defaults: dict[str, int]) -> dict[str, int]:
-  """The request's `attributes` (an object or a label string) over the model's defaults."""
+def attributes(given: Any, defaults: dict[str, int],
+               param: str = "attributes") -> dict[str, int]:
+  """The request's attributes (an object or a label string, given as `param`) over the
+  model's defaults."""
   try:
     if isinstance(given, str):
       given = template.parse_label_string(given)
+    elif given is not None and not isinstance(given, dict):
+      raise ValueError(f"give an object or a label string, not {type(given).__name__}")
     return steering.checked({**defaults, **(given or {})})
   except ValueError as e:
-    raise ApiError(f"attributes: {e}", param="attributes") from None
+    raise ApiError(f"{param}: {e}", param=param) from None
 
 
 def conversation(messages: list[Message], label: str | None = None,
