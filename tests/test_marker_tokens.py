@@ -104,7 +104,8 @@ def _acsft(tokenizer_dir, vocab, workdir, steps):
                   "--config.data.demo_train_rows=32", "--config.data.demo_validation_rows=8")
 
 
-def test_acsft_export_of_a_splitting_tokenizer_stops_at_its_turn(split_tokenizer_dir, tmp_path):
+def test_acsft_export_of_a_splitting_tokenizer_ends_turns_with_an_eos_id(split_tokenizer_dir,
+                                                                         tmp_path):
   base = hf.load_tokenizer(split_tokenizer_dir)
   vocab, first = len(base), len(base)
   work = tmp_path / "acsft"
@@ -133,8 +134,20 @@ def test_acsft_export_of_a_splitting_tokenizer_stops_at_its_turn(split_tokenizer
 
   ours = hf.load_hf_model(export)
   assert ours.cfg.vocab_size == config["vocab_size"]
-  if torch is not None:
-    model = transformers.AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32)
-    assert model.get_input_embeddings().weight.shape[0] == config["vocab_size"]
-    out = model.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False)
-    assert out.shape[1] <= len(ids) + 4
+  if torch is None:
+    return
+  model = transformers.AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32)
+  assert model.get_input_embeddings().weight.shape[0] == config["vocab_size"]
+
+  class MarkerSecond(transformers.LogitsProcessor):
+    """The untrained model's second token is the marker: `generate` must stop there."""
+
+    def __call__(self, input_ids, scores):
+      if input_ids.shape[1] == len(ids) + 1:
+        scores = torch.full_like(scores, -float("inf"))
+        scores[:, marker] = 0.0
+      return scores
+
+  out = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False,
+                       logits_processor=transformers.LogitsProcessorList([MarkerSecond()]))
+  assert out.shape[1] == len(ids) + 2 and out[0, -1].item() == marker
