@@ -17,6 +17,7 @@ from torch_reference import needs_torch, torch
 from helpsteer_jax import sharding
 from helpsteer_jax.data import chat_template, template
 from helpsteer_jax.data.demo import rows as demo_rows
+from helpsteer_jax.inference import generator
 from helpsteer_jax.models import builder, catalog, hf
 
 from cli_utils import run_main
@@ -134,6 +135,16 @@ def test_acsft_export_of_a_splitting_tokenizer_ends_turns_with_an_eos_id(split_t
 
   ours = hf.load_hf_model(export)
   assert ours.cfg.vocab_size == config["vocab_size"]
+  # Our generation stops at the marker as one id, and `generate` runs on the export.
+  ours_tok = hf.load_tokenizer(export)
+  stop = generator.stop_tokens(ours_tok, [template.TURN_START], [ours_tok.eos_token_id])
+  assert marker in stop.ids and not stop.sequences
+  prompts = tmp_path / "in.jsonl"
+  prompts.write_text(json.dumps({"prompt": "Name two fruits."}) + "\n")
+  run_main("--config=configs/generate.py", f"--workdir={tmp_path / 'gen'}",
+           f"--config.init.hf_path={export}", f"--config.input={prompts}",
+           "--config.max_new_tokens=2", "--config.batch_size=1")
+  assert json.loads((tmp_path / "gen" / "generations.jsonl").read_text())["prompt"]
   if torch is None:
     return
   model = transformers.AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32)
