@@ -22,12 +22,12 @@ import transformers
 from torch_reference import needs_torch, torch
 
 from helpsteer_jax import runtime, sharding
-from helpsteer_jax.data import template
+from helpsteer_jax.data import chat_template, template
 from helpsteer_jax.data.features import tokenize
 from helpsteer_jax.data.records import Conversation, Turn
 from helpsteer_jax.errors import HelpsteerError
 from helpsteer_jax.inference import decode, generator, loading
-from helpsteer_jax.models import hf
+from helpsteer_jax.models import builder, hf
 from helpsteer_jax.models import safetensors_io as st
 from helpsteer_jax.pretrained import smollm2
 
@@ -286,9 +286,20 @@ def test_acsft_on_helpsteer2_exports_a_transformers_model(smollm2_dir, helpsteer
   export = work / "hf"
   exported_tokenizer = transformers.AutoTokenizer.from_pretrained(export)
   assert template.TURN_START in exported_tokenizer.chat_template
+  # SmolLM2 splits the SteerLM markers: training added them as single tokens after its
+  # last id and grew the embeddings, and the turn marker is an EOS id of the export.
+  vocab = len(hf.load_tokenizer(smollm2_dir))
+  marker = vocab + chat_template.MARKERS.index(template.TURN_START)
+  for i, text in enumerate(chat_template.MARKERS):
+    assert exported_tokenizer(text, add_special_tokens=False)["input_ids"] == [vocab + i]
+  exported = _torch_model(export)
+  assert exported.config.vocab_size == builder.vocab_for_tokens(vocab, vocab + 3) > vocab
+  assert exported.generation_config.eos_token_id == [exported_tokenizer.eos_token_id, marker]
   tokens, mask, positions = _batch(exported_tokenizer)
-  want = torch_reference.logits(_torch_model(export), tokens, mask, positions)
+  want = torch_reference.logits(exported, tokens, mask, positions)
   _assert_close(_our_logits(_trained_model(work), tokens, mask, positions), want, mask)
-  base = torch_reference.logits(_torch_model(smollm2_dir), tokens, mask, positions)
-  assert np.abs(want - base)[mask.astype(bool)].max() > 1e-2  # the two steps moved it
+  # The first prompt has no marker, so the base model (without the added ids) reads it too.
+  base = torch_reference.logits(_torch_model(smollm2_dir), tokens[:1], mask[:1], positions[:1])
+  moved = np.abs(want[:1, :, :vocab] - base)[mask[:1].astype(bool)].max()
+  assert moved > 1e-2  # the two steps moved it
   shutil.rmtree(work)  # 2 GB of checkpoint and export; a failing run keeps them to look at

@@ -259,6 +259,30 @@ def chat_template(spec: SteerSpec, add_bos: bool = True) -> str:
   return "\n".join(header + lines) + "\n" + _BODY.replace("BOS\n", bos + "\n" if bos else "")
 
 
+MARKERS = (template.SYSTEM_START, template.TURN_START, template.LABEL_START)
+
+
+def split_markers(tokenizer) -> list[str]:
+  """The SteerLM markers that `tokenizer` encodes as more than one token, in MARKERS order."""
+  return [m for m in MARKERS
+          if len(tokenizer(m, add_special_tokens=False)["input_ids"]) != 1]
+
+
+def add_marker_tokens(tokenizer) -> list[str]:
+  """Adds the markers `tokenizer` splits as special tokens; returns them.
+
+  Their ids follow the tokenizer's last one in MARKERS order, so every run
+  (and every process) that augments the same tokenizer gets the same ids.
+  A model can then end its turn with one id, which engines stop at when it
+  is among generation_config.json's EOS ids (`export_files`).
+  """
+  added = split_markers(tokenizer)
+  if added:
+    tokenizer.add_special_tokens({"extra_special_tokens": added},
+                                 replace_extra_special_tokens=False)
+  return added
+
+
 def turn_marker_id(tokenizer) -> int | None:
   """The id of the turn marker `<extra_id_1>` when the tokenizer has it as one token."""
   ids = tokenizer(template.TURN_START, add_special_tokens=False)["input_ids"]

@@ -9,6 +9,7 @@ import math
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
@@ -124,6 +125,76 @@ def init_model(cfg: ModelConfig, mesh: Mesh, rules: sharding_lib.Rules,
   """A randomly initialised, sharded model of `cfg`'s family."""
   validate_model_on_mesh(cfg, mesh, rules)
   return materialize(lambda: new_model(cfg, seed), mesh, rules)
+
+
+# ---------------------------------------------------------------------------
+# Vocabulary growth (tokens added to the tokenizer).
+
+# A grown vocabulary is padded to this multiple whatever the mesh, so that a run
+# resumed on another mesh builds the same shapes, and the vocab axis still
+# divides over tensor-parallel meshes of up to this many devices.
+VOCAB_MULTIPLE = 64
+_NEW_ROW_EPSILON = 1e-9  # transformers' covariance scale for added rows
+
+
+def vocab_for_tokens(vocab_size: int, num_tokens: int, multiple: int = VOCAB_MULTIPLE) -> int:
+  """`vocab_size`, or `num_tokens` rounded up to `multiple` when the table is too small."""
+  if num_tokens <= vocab_size:
+    return vocab_size
+  return -(-num_tokens // multiple) * multiple
+
+
+def _with_new_rows(table: jax.Array, key: jax.Array, *, vocab_size: int, first_new: int,
+                   end_new: int) -> jax.Array:
+  """table [V, D] -> [vocab_size, D]: rows `first_new:end_new` drawn as transformers'
+  `resize_token_embeddings` draws added rows, the others kept (zeros past V).
+
+  The draws are N(mean, 1e-9 * covariance) of the rows before `first_new` (the
+  base tokenizer's tokens), or that mean when the covariance is not positive
+  definite.
+  """
+  old = table[:min(first_new, table.shape[0])].astype(jnp.float32)
+  mean = old.mean(axis=0)
+  centered = old - mean
+  cov = centered.T @ centered / old.shape[0]
+  chol = jnp.linalg.cholesky(cov) * math.sqrt(_NEW_ROW_EPSILON)
+  noise = jax.random.normal(key, (end_new - first_new, table.shape[1]), jnp.float32)
+  draws = jnp.where(jnp.all(jnp.isfinite(chol)), mean + noise @ chol.T, mean)
+  grown = jnp.pad(table[:vocab_size], ((0, max(vocab_size - table.shape[0], 0)), (0, 0)))
+  return jax.lax.dynamic_update_slice_in_dim(grown, draws.astype(table.dtype), first_new, 0)
+
+
+def add_token_rows(model: nnx.Module, first_new: int, num_tokens: int, mesh: Mesh,
+                   rules: sharding_lib.Rules, seed: int = 0) -> nnx.Module:
+  """`model` (a decoder without adapters) with rows for the tokens `first_new` to
+  `num_tokens - 1` added to its tokenizer.
+
+  The embedding table (and an untied head) grows to `vocab_for_tokens` rows
+  when it has too few. The rows of the added tokens, and every row a growth
+  creates, are initialised as transformers' `resize_token_embeddings` does by
+  default (`_with_new_rows`) from a key fixed by `seed`; the others keep
+  their weights.
+  """
+  vocab = vocab_for_tokens(model.cfg.vocab_size, num_tokens)
+  end_new = vocab if vocab > model.cfg.vocab_size else num_tokens
+  cfg = model.cfg.replace(vocab_size=vocab)
+  validate_model_on_mesh(cfg, mesh, rules)
+  graphdef, abstract = abstract_model(cfg)
+  shardings = nnx.to_pure_dict(state_shardings(abstract, mesh, rules))
+  params = nnx.to_pure_dict(nnx.state(model))
+  key = jax.random.key(seed)
+  for index, (name, vocab_last) in enumerate((("embed", False), ("lm_head", True))):
+    if name not in params:
+      continue
+    fn = functools.partial(_with_new_rows, vocab_size=vocab, first_new=first_new,
+                           end_new=end_new)
+    if vocab_last:  # the head is [hidden, vocab]
+      fn = lambda w, k, grow=fn: grow(w.T, k).T  # noqa: E731
+    with jax.set_mesh(mesh):
+      params[name] = jax.jit(fn, out_shardings=shardings[name])(
+          params[name], jax.random.fold_in(key, index))
+  nnx.replace_by_pure_dict(abstract, params)
+  return nnx.merge(graphdef, abstract)
 
 
 # ---------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import ml_collections
 from absl import logging
 
 from helpsteer_jax import runtime
-from helpsteer_jax.data import chat_template, pipeline
+from helpsteer_jax.data import chat_template, pipeline, template
 from helpsteer_jax.data.batches import SFT_BATCH, BatchSchema
 from helpsteer_jax.data.features.next_token import sft_features
 from helpsteer_jax.data.features.tokenize import FeatureReport
@@ -68,8 +68,32 @@ def load_data(config: ml_collections.ConfigDict, workdir: pathlib.Path, tokenize
   return train_features, eval_features, train_report, bad_records, steer
 
 
+def add_marker_tokens(tokenizer, lora: bool) -> int | None:
+  """The first id of the SteerLM markers added to `tokenizer` as single tokens (None:
+  none added), so that the model learns to end its turn with one id.
+
+  A LoRA run keeps the embeddings frozen and could not learn new rows: its
+  markers stay split, and engines need the turn marker as a stop string.
+  """
+  split = chat_template.split_markers(tokenizer)
+  if not split:
+    return None
+  if lora:
+    logging.warning("the tokenizer splits the SteerLM markers %s into several tokens and a"
+                    " LoRA run cannot train new embedding rows: the export will not stop at"
+                    " the end of its turn unless %r is given as a stop string", split,
+                    template.TURN_START)
+    return None
+  first = len(tokenizer)
+  chat_template.add_marker_tokens(tokenizer)
+  logging.info("added the SteerLM markers %s to the tokenizer as ids %d..%d", split, first,
+               len(tokenizer) - 1)
+  return first
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   setup = setup_lib.prepare(config, workdir)
+  first_added = add_marker_tokens(setup.tokenizer, setup.model_cfg.lora is not None)
   train_features, eval_features, train_report, bad_records, steer = load_data(
       config, setup.workdir, setup.tokenizer)
   seq_len = config.train.seq_len
@@ -77,12 +101,18 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   logging.info("train data: %s; packing efficiency %.1f%%", train_report.summary(), 100 * fill)
 
   model = runtime.build_model(config, setup.rt)
+  if first_added is not None:
+    model = builder.add_token_rows(model, first_added, len(setup.tokenizer), setup.rt.mesh,
+                                   setup.rt.rules, seed=config.seed)
+  model_cfg = model.cfg
   parts = state_lib.split_model(model, setup.rt.mesh, setup.rt.rules)
   del model
+  # The export writes the augmented tokenizer itself; otherwise the files are copied.
+  tokenizer_files = setup.tokenizer if first_added is not None else setup.tokenizer_dir
   trainer = loop.Trainer(
       config, setup.workdir, setup.rt, parts, loss_fn(config), train_features, eval_features,
-      flops_per_token=setup.model_cfg.flops_per_token(seq_len),
-      export_fn=export.hf_exporter(setup.workdir, setup.tokenizer_dir, setup.tokenizer,
+      flops_per_token=model_cfg.flops_per_token(seq_len),
+      export_fn=export.hf_exporter(setup.workdir, tokenizer_files, setup.tokenizer,
                                      parts, config, steer))
   result = trainer.run()
   trainer.close()

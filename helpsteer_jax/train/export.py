@@ -14,11 +14,12 @@ from helpsteer_jax.models import builder, hf, peft_adapters
 from helpsteer_jax.train import state as state_lib
 
 
-def hf_exporter(workdir: pathlib.Path, tokenizer_dir: str, tokenizer: Any,
+def hf_exporter(workdir: pathlib.Path, tokenizer_dir: str | Any, tokenizer: Any,
                 parts: state_lib.ModelParts, config: ml_collections.ConfigDict,
                 steer: chat_template.SteerSpec | None, what: str = "trained model",
                 save: Callable[..., Any] = hf.save_hf_model) -> Callable[[Any], None]:
   """`export(params)`: the trained model for HF tools (`tokenizer_dir` is copied with it,
+  or saved when it is a tokenizer object, e.g. one with tokens added in training;
   `tokenizer` locates the chat template's turn marker).
 
   A full fine-tune goes to `<workdir>/hf`, written by `save(model, out,
