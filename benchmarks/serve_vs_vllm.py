@@ -41,7 +41,8 @@ cached in ~/.cache/vllm; no start is timed.
 vLLM is asked for exactly `--max-tokens` tokens per request (`ignore_eos`,
 `min_tokens`); our API has no such parameter, so the prompts ask for long
 answers and tokens/s counts what each request reports in
-usage.completion_tokens (also recorded per side). Reports generated tokens per
+usage.completion_tokens (also recorded per side, with usage.prompt_tokens: both
+servers render the export's SteerLM template, so those should match). Reports generated tokens per
 second of wall time, p50 / p99 request latency and, for ours, XLA compiles
 while the requests ran (the server's /stats).
 
@@ -79,12 +80,13 @@ def prompts(n: int) -> list[str]:
           "matter. Use several paragraphs." for i in range(n)]
 
 
-def summarize(results: list[tuple[int, float]], seconds: float) -> dict:
-  """One concurrency level's figures from (completion_tokens, latency) per request and the
-  level's wall time."""
-  tokens = [t for t, _ in results]
-  latencies = np.asarray([s for _, s in results])
+def summarize(results: list[tuple[int, int, float]], seconds: float) -> dict:
+  """One concurrency level's figures from (prompt_tokens, completion_tokens, latency) per
+  request and the level's wall time."""
+  tokens = [t for _, t, _ in results]
+  latencies = np.asarray([s for _, _, s in results])
   return {"requests": len(results), "seconds": round(seconds, 3),
+          "prompt_tokens": sum(p for p, _, _ in results),
           "completion_tokens": sum(tokens), "min_completion_tokens": min(tokens),
           "tokens_per_s": sum(tokens) / seconds,
           "p50_latency_s": float(np.percentile(latencies, 50)),
@@ -217,12 +219,13 @@ def start_vllm(model_dir: pathlib.Path, dtype: str, port: int, args,
   return proc
 
 
-def ask(client: openai.OpenAI, prompt: str, max_tokens: int, extra: dict) -> tuple[int, float]:
+def ask(client: openai.OpenAI, prompt: str, max_tokens: int,
+        extra: dict) -> tuple[int, int, float]:
   start = time.perf_counter()
   reply = client.chat.completions.create(
       model=MODEL_NAME, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
       temperature=0, extra_body=extra or None)
-  return reply.usage.completion_tokens, time.perf_counter() - start
+  return reply.usage.prompt_tokens, reply.usage.completion_tokens, time.perf_counter() - start
 
 
 def bench_server(server: str, model_dir: pathlib.Path, dtype: str, args,

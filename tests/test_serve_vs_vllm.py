@@ -25,8 +25,9 @@ def test_prompts_differ(bench):
 
 
 def test_summarize_counts_tokens_over_wall_time(bench):
-  got = bench.summarize([(64, 1.0), (32, 2.0), (64, 3.0)], seconds=4.0)
+  got = bench.summarize([(90, 64, 1.0), (91, 32, 2.0), (92, 64, 3.0)], seconds=4.0)
   assert got["requests"] == 3 and got["completion_tokens"] == 160
+  assert got["prompt_tokens"] == 273
   assert got["min_completion_tokens"] == 32
   assert got["tokens_per_s"] == pytest.approx(40.0)
   assert got["p50_latency_s"] == pytest.approx(2.0)
