@@ -179,7 +179,6 @@ def start_ours(model_dir: pathlib.Path, dtype: str, port: int, args,
          f"--config.serve.port={port}", f"--config.serve.max_length={args.max_length}",
          f"--config.serve.max_batch={args.rows}", f"--workdir={log.parent / 'ours_workdir'}"],
         cwd=common.REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-  wait_ready(proc, f"http://127.0.0.1:{port}/stats", log, args.start_timeout)
   return proc
 
 
@@ -215,7 +214,6 @@ def start_vllm(model_dir: pathlib.Path, dtype: str, port: int, args,
          "--max-num-seqs", str(args.rows), "--seed", "0",
          "--enable-prefix-caching" if args.vllm_prefix_caching else "--no-enable-prefix-caching"],
         cwd=log.parent, env=env, stdout=out, stderr=subprocess.STDOUT)
-  wait_ready(proc, f"http://127.0.0.1:{port}/health", log, args.start_timeout)
   return proc
 
 
@@ -239,6 +237,8 @@ def bench_server(server: str, model_dir: pathlib.Path, dtype: str, args,
   base = f"http://127.0.0.1:{port}"
   rows = []
   try:
+    wait_ready(proc, f"{base}/stats" if server == "ours" else f"{base}/health", log,
+               args.start_timeout)
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="-", max_retries=0, timeout=3600)
     ask(client, prompts(1)[0], args.max_tokens, extra)  # off the clock
     for level in args.concurrency:
