@@ -150,8 +150,9 @@ class Engine:
     self._decode = jax.jit(functools.partial(engine_steps.decode_step, **static),
                            donate_argnums=(2, 3),
                            out_shardings=(caches, caches, self._replicated, self._replicated))
+    # Not donated: a resize cannot reuse its input buffers, and re-layouts are rare.
     self._relayout = jax.jit(engine_steps.relayout, static_argnames="length",
-                             donate_argnums=(0, 1), out_shardings=(caches, caches))
+                             out_shardings=(caches, caches))
     self.length = self.lengths[0]
     self.k, self.v = engine_steps.empty_caches(cfg, max_batch, self.length, cfg.compute_dtype,
                                                cache)
