@@ -22,7 +22,8 @@ Steps, each timed and marked pass/fail (a failing step does not stop the others)
    table says which part failed.
 5. engine: the serving engine (`inference/engine.py`) on the exported model: warm-up
    (every prompt and row bucket compiled), then greedy requests, compared with the
-   batch decoder (`generator.Generator`); runs in a subprocess with a time limit.
+   batch API (`generator.Generator`, a second engine); runs in a subprocess with a
+   time limit.
 
 The table is printed last; the results go to `benchmarks/results/gpu_check.json`
 (`gpu_check_cpu_dry_run.json` for a dry run) or `--json`.
@@ -410,17 +411,17 @@ def engine_probe(hf_dir: str, max_new_tokens: int) -> dict:
   import jax
 
   from helpsteer_jax import sharding
-  from helpsteer_jax.inference import decode, generator, steering
   from helpsteer_jax.inference import engine as engine_lib
+  from helpsteer_jax.inference import generator, steering
   from helpsteer_jax.models import hf
 
   tok = hf.load_tokenizer(hf_dir)
   model = hf.load_hf_model(hf_dir)
   mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
-  gen = generator.Generator(decode.Sampler(model, mesh, max_length=256), tok)
-  eng = engine_lib.Engine(model, mesh, tok, max_batch=4, max_length=256, chunk_steps=8,
-                          stop_ids=gen.stop.ids, eos_ids=gen.eos_ids,
-                          stop_strings=gen.stop_strings)
+  # The batch API (one engine, driven in this thread) is the reference for the streaming one.
+  gen = generator.Generator(generator.make_engine(model, mesh, tok, max_batch=4,
+                                                  max_length=256))
+  eng = generator.make_engine(model, mesh, tok, max_batch=4, max_length=256, chunk_steps=8)
   start = time.perf_counter()
   eng.warm_up()
   warm = time.perf_counter() - start

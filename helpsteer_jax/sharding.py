@@ -227,6 +227,11 @@ def check_batch(global_batch: int, mesh: Mesh, rules: Rules, what: str = "batch"
         f" {n} or a smaller data/fsdp mesh")
 
 
+def replicated_batch(rules: Rules) -> Rules:
+  """`rules` with the batch axis on no mesh axis (for arrays of one row)."""
+  return tuple((name, None if name == "batch" else axes) for name, axes in rules)
+
+
 def named(mesh: Mesh, spec: PartitionSpec) -> NamedSharding:
   return NamedSharding(mesh, spec)
 

@@ -1,9 +1,11 @@
-"""The continuous-batching engine against the project's batch decoder.
+"""The engine: streaming requests, its batch API, log-probs, compiles.
 
-Reference: `decode.Sampler` behind `generator.Generator` (what
-configs/generate.py runs). Concurrent requests of different lengths, joining
-at chunk boundaries and re-basing the cache, must give each prompt exactly the
-greedy text the batch decoder gives it alone, with no compile after warm-up.
+References: each prompt decoded alone by another engine's batch API (what
+configs/generate.py runs), and the model's full forward (log-softmax in
+NumPy). Concurrent requests of different lengths, joining at chunk boundaries
+and re-basing the cache, must give each prompt exactly the greedy text it
+gets alone, with no compile after warm-up. transformers' `generate` is the
+outside reference in tests/test_decode.py.
 """
 
 import queue
@@ -15,8 +17,8 @@ import pytest
 
 from helpsteer_jax import sharding
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
-from helpsteer_jax.inference import decode, generator, steering
 from helpsteer_jax.inference import engine as engine_lib
+from helpsteer_jax.inference import generator, steering
 from helpsteer_jax.inference import sampling as sampling_lib
 from helpsteer_jax.models import builder, catalog, hf
 
@@ -46,10 +48,9 @@ def setup(tmp_path_factory):
   tok = hf.load_tokenizer(demo_tokenizer.build_demo_tokenizer(tmp_path_factory.mktemp("tok")))
   model = builder.create(catalog.model_config("tiny", initializer_range=0.1), seed=0)
   mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
-  gen = generator.Generator(decode.Sampler(model, mesh, max_length=96), tok)
-  eng = engine_lib.Engine(model, mesh, tok, max_batch=4, max_length=96, chunk_steps=8,
-                          stop_ids=gen.stop.ids, eos_ids=gen.eos_ids,
-                          stop_strings=gen.stop_strings)
+  gen = generator.Generator(generator.make_engine(model, mesh, tok, max_batch=1,
+                                                  max_length=96))
+  eng = generator.make_engine(model, mesh, tok, max_batch=4, max_length=96, chunk_steps=8)
   eng.warm_up()
   eng.start()
   yield gen, eng
@@ -79,7 +80,7 @@ def _run(eng, requests: list[dict]) -> list[tuple[engine_lib.Update, str]]:
   return out
 
 
-def test_concurrent_greedy_equals_the_batch_decoder_and_compiles_nothing(setup):
+def test_concurrent_greedy_equals_each_prompt_alone_and_compiles_nothing(setup):
   gen, eng = setup
   prompts = [_prompt(*p) for p in PROMPTS]
   # More requests than rows, each budget different: rows free and refill at
@@ -101,7 +102,7 @@ def test_concurrent_greedy_equals_the_batch_decoder_and_compiles_nothing(setup):
              dict(prompt_ids=gen.encode(prompts[2]), max_tokens=10)])
   inserts = sum(length >= t + eng.chunk_steps for t in eng.buckets for length in eng.lengths)
   assert eng.compiled_variants == compiled == (
-      len(eng.buckets) + inserts + len(eng.row_buckets) * len(eng.lengths)
+      len(eng.buckets) + 1 + inserts + len(eng.row_buckets) * len(eng.lengths)
       + len(eng.lengths) ** 2)
   assert COMPILES.count == compiles
 
@@ -158,9 +159,7 @@ def batch_engine(setup):
   gen, _ = setup
   model = builder.create(catalog.model_config("tiny", initializer_range=0.1), seed=0)
   mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
-  eng = engine_lib.Engine(model, mesh, gen.tokenizer, max_batch=16, max_length=96,
-                          chunk_steps=8, stop_ids=gen.stop.ids, eos_ids=gen.eos_ids,
-                          stop_strings=gen.stop_strings)
+  eng = generator.make_engine(model, mesh, gen.tokenizer, max_batch=16, max_length=96)
   return model, eng
 
 

@@ -137,8 +137,7 @@ def test_acsft_export_of_a_splitting_tokenizer_ends_turns_with_an_eos_id(split_t
   assert ours.cfg.vocab_size == config["vocab_size"]
   # Our generation stops at the marker as one id, and `generate` runs on the export.
   ours_tok = hf.load_tokenizer(export)
-  stop = generator.stop_tokens(ours_tok, [template.TURN_START], [ours_tok.eos_token_id])
-  assert marker in stop.ids and not stop.sequences
+  assert marker in generator.stop_ids(ours_tok, [template.TURN_START], [ours_tok.eos_token_id])
   prompts = tmp_path / "in.jsonl"
   prompts.write_text(json.dumps({"prompt": "Name two fruits."}) + "\n")
   run_main("--config=configs/generate.py", f"--workdir={tmp_path / 'gen'}",

@@ -19,7 +19,8 @@ from test_multihost import inputs  # noqa: F401 - the shared data and tokenizer 
 from cli_utils import run_main
 from multiprocess import Group, free_port, run_group
 
-pytestmark = pytest.mark.multihost
+pytestmark = [pytest.mark.multihost, pytest.mark.one_stack("3.12", reason=(
+    "jax.distributed's newest fault handling; the 3.11 stack runs the task splits"))]
 
 STEPS = 24
 _RUN = ("--config=configs/acsft.py", "--config.model.hidden_size=64",

@@ -115,9 +115,8 @@ def _copy_tree(dst: pathlib.Path) -> pathlib.Path:
 
 
 @pytest.mark.slow  # a venv and the core dependencies (from pip's cache when warm), ~2-4 min
-@pytest.mark.skipif(sys.version_info < (3, 12), reason=(
-    "the fresh-venv install runs once per CI, on the Python 3.12 stack, where pip resolves"
-    " the newest core dependencies a new user gets"))
+@pytest.mark.one_stack("3.12", reason=(
+    "where pip resolves the newest core dependencies a new user gets"))
 def test_a_fresh_venv_with_only_the_core_dependencies_trains_the_default(tmp_path):
   """`pip install .` into a new venv, then the console command trains the default AC-SFT
   from outside the checkout; nothing from the extras is installed and stderr has no error.

@@ -12,7 +12,6 @@ import json
 import pathlib
 import runpy
 import shutil
-import sys
 
 import jax
 import numpy as np
@@ -26,7 +25,7 @@ from helpsteer_jax.data import chat_template, template
 from helpsteer_jax.data.features import tokenize
 from helpsteer_jax.data.records import Conversation, Turn
 from helpsteer_jax.errors import HelpsteerError
-from helpsteer_jax.inference import decode, generator, loading
+from helpsteer_jax.inference import generator, loading
 from helpsteer_jax.models import builder, hf
 from helpsteer_jax.models import safetensors_io as st
 from helpsteer_jax.pretrained import smollm2
@@ -222,17 +221,15 @@ def _few_shot_prompt() -> str:
                                     SCORES)
 
 
-# CI time: before the build needed no PyTorch this ran on the 3.11 stack only; whether the 3.12
-# stack should run it too is undecided.
-@pytest.mark.skipif(sys.version_info >= (3, 12), reason=(
-    "runs once per CI, on the Python 3.11 stack (CI time: it decodes with the 135M model)"))
+@pytest.mark.one_stack("3.11", reason="it decodes with the 135M model")
 def test_steerlm_marker_is_several_tokens_and_stops_generation(tokenizer, ours):
   # Reference: SmolLM2's own tokenizer (no <extra_id_*> tokens) and our greedy decoding
   # of the same prompt without stop strings, which runs on past the marker.
   marker = tokenizer(template.TURN_START, add_special_tokens=False)["input_ids"]
   assert len(marker) > 1 and template.TURN_START not in tokenizer.get_vocab()
-  stop = generator.stop_tokens(tokenizer, [template.TURN_START], [tokenizer.eos_token_id])
-  assert stop.ids == (tokenizer.eos_token_id,) and stop.sequences == (tuple(marker),)
+  # No stop id: the engine ends the row when its text holds the marker.
+  assert generator.stop_ids(tokenizer, [template.TURN_START], [tokenizer.eos_token_id]) == (
+      tokenizer.eos_token_id,)
 
   # Training: the response's loss runs through every token of the marker after it.
   reply = Turn("Assistant", "Hello.", template.label_string(SCORES))
@@ -241,18 +238,22 @@ def test_steerlm_marker_is_several_tokens_and_stops_generation(tokenizer, ours):
   assert tokenizer.decode(example.ids[example.loss_mask]) == "Hello.\n" + template.TURN_START
 
   mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
-  sampler = decode.Sampler(ours, mesh, max_length=512)
   prompt = _few_shot_prompt()
-  free = generator.Generator(sampler, tokenizer, stop_strings=()).complete([prompt], 24)[0]
+
+  def complete(**stops):
+    engine = generator.make_engine(ours, mesh, tokenizer, max_batch=1, max_length=512, **stops)
+    return generator.Generator(engine).complete([prompt], 24)[0]
+
+  free = complete(stop_strings=())
   ids = free.token_ids
   starts = [i for i in range(len(ids)) if ids[i:i + len(marker)] == marker]
   assert starts, f"no turn marker in the free continuation {free.text!r}"
   end = starts[0] + len(marker)
   assert free.finish_reason == "length" and end < len(ids)  # it goes on past the marker
 
-  stopped = generator.Generator(sampler, tokenizer).complete([prompt], 24)[0]
+  stopped = complete()
   assert stopped.finish_reason == "stop"
-  assert stopped.token_ids == ids[:end]  # ended by the multi-token stop sequence
+  assert stopped.token_ids == ids[:end]  # ended by the multi-token stop string
   assert stopped.text == free.text.split(template.TURN_START)[0] and stopped.text.strip()
 
 

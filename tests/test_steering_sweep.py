@@ -22,7 +22,7 @@ from helpsteer_jax.errors import ConfigError, DataError
 from helpsteer_jax.eval import steering_sweep as sweep_lib
 from helpsteer_jax.eval import sweep_report
 from helpsteer_jax.inference import steering
-from helpsteer_jax.inference.generator import Completion
+from helpsteer_jax.inference.engine import Output
 from helpsteer_jax.inference.sampling import SamplingConfig
 from helpsteer_jax.models import builder, catalog, hf, reward, reward_hf
 from helpsteer_jax.scoring.load import load_scorer
@@ -183,8 +183,8 @@ class CountingGenerator:
 
   def complete(self, texts, max_new_tokens, sampling=None, seed=0):
     self.inputs += texts
-    return [Completion(f"answer {len(self.inputs) - len(texts) + k} (seed {seed})", [7, 8],
-                       "stop") for k in range(len(texts))]
+    return [Output([7, 8], [0.0, 0.0], f"answer {len(self.inputs) - len(texts) + k} (seed {seed})",
+                   "stop") for k in range(len(texts))]
 
 
 def test_a_label_two_sweeps_share_is_generated_once_and_resumes(tmp_path):

@@ -44,12 +44,16 @@ class BestOfN:
 def best_of_n(generator: Generator, requests: Sequence[steering.Request], n: int,
               scorer: Scorer, weights: np.ndarray, max_new_tokens: int,
               sampling: SamplingConfig, seed: int = 0) -> list[BestOfN]:
-  """Samples `n` responses per request (all in one batch), keeps the highest reward."""
+  """Samples `n` responses per request (all in one batch), keeps the highest reward.
+
+  Request i's k-th sample uses seed (`seed` + i) * n + k: a sample depends on its
+  request's place in the input, not on the batches.
+  """
   if n > 1 and sampling.greedy:
     raise ConfigError(f"best-of-{n} needs sampling: set sampling.temperature > 0 (greedy"
                       " decoding gives n identical responses)")
   prompts = [r.prompt_text() for r in requests for _ in range(n)]
-  completions = generator.complete(prompts, max_new_tokens, sampling=sampling, seed=seed)
+  completions = generator.complete(prompts, max_new_tokens, sampling=sampling, seed=seed * n)
   responses = [steering.response_text(c.text, c.finish_reason) for c in completions]
   convs = [requests[i // n].conversation.answered(r) for i, r in enumerate(responses)]
   scores = scorer(convs).astype(np.float64)

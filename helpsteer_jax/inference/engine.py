@@ -120,11 +120,12 @@ class Engine:
     if not engine_steps.MIN_PROMPT_BUCKET <= max_length <= cfg.max_position_embeddings:
       raise ConfigError(f"max_length={max_length} must be in {engine_steps.MIN_PROMPT_BUCKET}.."
                         f"{cfg.max_position_embeddings} (the model's max_position_embeddings)")
-    batch_shards = sharding_lib.spec_shard_count(
+    self.batch_shards = sharding_lib.spec_shard_count(
         sharding_lib.logical_to_spec(("batch",), rules), mesh, 0)
-    if batch_shards != 1:
-      raise ConfigError(f"the server shards the model over mesh.tensor; the mesh splits the"
-                        f" batch {batch_shards} ways: set mesh.data=1 and mesh.fsdp=1")
+    if max_batch % self.batch_shards:
+      raise ConfigError(f"max_batch={max_batch} rows cannot split over the mesh's"
+                        f" {self.batch_shards} batch shards (mesh.data x mesh.fsdp): choose a"
+                        f" multiple of {self.batch_shards}")
     self.cfg, self.mesh, self.rules, self.tokenizer = cfg, mesh, rules, tokenizer
     self.max_batch, self.max_length, self.chunk_steps = max_batch, max_length, chunk_steps
     self.pad_id = int(pad_id)
@@ -132,7 +133,14 @@ class Engine:
     self.eos_ids = frozenset(int(i) for i in eos_ids)
     self.stop_strings = tuple(stop_strings)
     self.buckets = engine_steps.prompt_buckets(max_length)
-    self.row_buckets = engine_steps.row_buckets(max_batch)
+    # A batch-sharded cache decodes all its rows (a row prefix is not local to any
+    # shard), and rows are handed out round-robin over the shards so that every
+    # process's devices decode their share.
+    self.row_buckets = (engine_steps.row_buckets(max_batch) if self.batch_shards == 1
+                        else [max_batch])
+    per_shard = max_batch // self.batch_shards
+    self.row_order = [s * per_shard + j for j in range(per_shard)
+                      for s in range(self.batch_shards)]
     self.lengths = engine_steps.length_buckets(max_length, chunk_steps)
     unstacked, self.rest, self.layers = engine_steps.Unstacked.split(model)
     static = dict(unstacked=unstacked, rules=rules)
@@ -140,18 +148,30 @@ class Engine:
     # so a layout never keys a new compile.
     cache = engine_steps.cache_sharding(mesh, rules)
     caches = [cache] * cfg.num_layers
+    self.local_row = np.zeros(max_batch, bool)
+    for index in cache.addressable_devices_indices_map(
+        (max_batch, cfg.num_kv_heads, 1, cfg.head_dim)).values():
+      self.local_row[index[0]] = True
+    self.local_rows = 0  # requests admitted into rows this process's devices hold
     self._replicated = NamedSharding(mesh, PartitionSpec())
-    self._prefill = jax.jit(functools.partial(engine_steps.prefill, **static,
-                                              cache_dtype=cfg.compute_dtype),
-                            out_shardings=(caches, caches, self._replicated,
-                                           self._replicated))
-    self._insert = jax.jit(engine_steps.insert, donate_argnums=(0, 1),
+    # A prompt is prefilled alone: its one row is computed on every batch shard.
+    one_row = sharding_lib.replicated_batch(rules)
+    prompt_caches = [engine_steps.cache_sharding(mesh, one_row)] * cfg.num_layers
+    self._prefill = jax.jit(
+        functools.partial(engine_steps.prefill, unstacked=unstacked, rules=one_row,
+                          cache_dtype=cfg.compute_dtype),
+        out_shardings=(prompt_caches, prompt_caches) + (self._replicated,) * 3)
+    self._first = jax.jit(functools.partial(engine_steps.first_token),
+                          out_shardings=self._replicated)
+    # Partials, so that each engine's functions (and `compiled_variants`) are its own:
+    # jit caches compiles per function object.
+    self._insert = jax.jit(functools.partial(engine_steps.insert), donate_argnums=(0, 1),
                            out_shardings=(caches, caches))
     self._decode = jax.jit(functools.partial(engine_steps.decode_step, **static),
                            donate_argnums=(2, 3),
                            out_shardings=(caches, caches, self._replicated, self._replicated))
     # Not donated: a resize cannot reuse its input buffers, and re-layouts are rare.
-    self._relayout = jax.jit(engine_steps.relayout, static_argnames="length",
+    self._relayout = jax.jit(functools.partial(engine_steps.relayout), static_argnames="length",
                              out_shardings=(caches, caches))
     self.length = self.lengths[0]
     self.k, self.v = engine_steps.empty_caches(cfg, max_batch, self.length, cfg.compute_dtype,
@@ -178,14 +198,16 @@ class Engine:
   @property
   def compiled_variants(self) -> int:
     """Compiled variants of the engine's functions (fixed after `warm_up`)."""
-    return sum(f._cache_size() for f in (self._prefill, self._insert, self._decode,
-                                         self._relayout))
+    return sum(f._cache_size() for f in (self._prefill, self._first, self._insert,
+                                         self._decode, self._relayout))
 
   def warm_up(self) -> None:
     """Compiles every prompt bucket's prefill, every (rows, slots) decode step, the
     prompt inserts and the re-layouts between slot counts."""
     for t in self.buckets:
-      ks, vs, _, _ = self._run_prefill([self.pad_id], 0.0, 1.0, 0, 0, t)
+      ks, vs, _, _, logits = self._run_prefill([self.pad_id], 0.0, 1.0, 0, 0, t)
+      if t == self.buckets[0]:
+        self._run_first(logits, 0.0, 1.0, 0, 0)
       for length in self.lengths:
         if length >= t + self.chunk_steps:
           self._resize(length, 0)
@@ -207,14 +229,14 @@ class Engine:
     self.length = length
 
   def check(self, prompt_len: int, max_tokens: int) -> None:
-    """ValueError unless a prompt of `prompt_len` tokens + `max_tokens` fits a row."""
+    """ConfigError (a ValueError) unless `prompt_len` tokens + `max_tokens` fit a row."""
     if prompt_len < 1:
-      raise ValueError("the prompt is empty")
+      raise ConfigError("the prompt is empty")
     if max_tokens < 1:
-      raise ValueError(f"max_tokens={max_tokens} must be at least 1")
+      raise ConfigError(f"max_tokens={max_tokens} must be at least 1")
     if prompt_len + max_tokens > self.max_length:
-      raise ValueError(f"the prompt has {prompt_len} tokens; with max_tokens={max_tokens}"
-                       f" that exceeds the context length {self.max_length}")
+      raise ConfigError(f"the prompt has {prompt_len} tokens; with max_tokens={max_tokens}"
+                        f" that exceeds the context length {self.max_length}")
 
   # -- submitting --------------------------------------------------------------
 
@@ -256,7 +278,7 @@ class Engine:
     handles = collections.deque(Handle(r) for r in requests)
     done = list(handles)
     while handles or self.busy_rows:
-      free = [i for i, r in enumerate(self.rows) if r is None]
+      free = self._free_rows()
       self._admit([handles.popleft() for _ in range(min(len(free), len(handles)))], free)
       if self.busy_rows:
         self._step()
@@ -276,7 +298,7 @@ class Engine:
           self.cond.wait()
         if self.stopping and not self.waiting and not self.busy_rows:
           return
-        free = [i for i, r in enumerate(self.rows) if r is None]
+        free = self._free_rows()
         newcomers = [self.waiting.popleft() for _ in range(min(len(free), len(self.waiting)))]
       try:
         self._admit(newcomers, free)
@@ -296,6 +318,9 @@ class Engine:
     for i, row in enumerate(self.rows):
       if row is not None:
         self._free(i)
+
+  def _free_rows(self) -> list[int]:
+    return [i for i in self.row_order if self.rows[i] is None]
 
   def _free(self, i: int) -> None:
     self.rows[i] = None
@@ -331,8 +356,8 @@ class Engine:
 
   def _run_prefill(self, ids: Sequence[int], temperature: float, top_p: float, top_k: int,
                    seed: int, bucket: int):
-    """Per-layer keys and values of `ids` left-padded to `bucket`, the first token and
-    its log-probability."""
+    """Per-layer keys and values of `ids` left-padded to `bucket`, the first token, its
+    log-probability and the last position's logits."""
     tokens = np.full((1, bucket), self.pad_id, np.int32)
     tokens[0, bucket - len(ids):] = ids
     with jax.set_mesh(self.mesh):
@@ -340,11 +365,20 @@ class Engine:
                            np.float32(temperature), np.float32(top_p), np.int32(top_k),
                            np.uint32(seed))
 
+  def _run_first(self, logits, temperature: float, top_p: float, top_k: int, seed: int):
+    """Another sample of a prefilled prompt's first token, and its log-probability."""
+    with jax.set_mesh(self.mesh):
+      return self._first(logits, np.float32(temperature), np.float32(top_p), np.int32(top_k),
+                         np.uint32(seed))
+
   def _run_insert(self, ks, vs, row: int) -> None:
     with jax.set_mesh(self.mesh):
       self.k, self.v = self._insert(self.k, self.v, ks, vs, np.int32(row), np.int32(self.end))
 
   def _admit(self, newcomers: list[Handle], free: list[int]) -> None:
+    """Prefills the newcomers into the free rows; requests with the same prompt (the n
+    samples of one prompt) share one prefill."""
+    prefilled: dict[tuple[int, ...], tuple] = {}
     for handle, i in zip(newcomers, free):
       req = handle.request
       if handle.cancelled:
@@ -352,9 +386,16 @@ class Engine:
         continue
       bucket = self._bucket(len(req.prompt_ids))
       self._fit(bucket)
-      ks, vs, first, logp = self._run_prefill(req.prompt_ids, req.temperature, req.top_p,
-                                              req.top_k, req.seed, bucket)
+      key = tuple(int(t) for t in req.prompt_ids)
+      if key in prefilled:
+        ks, vs, logits = prefilled[key]
+        first, logp = self._run_first(logits, req.temperature, req.top_p, req.top_k, req.seed)
+      else:
+        ks, vs, first, logp, logits = self._run_prefill(
+            req.prompt_ids, req.temperature, req.top_p, req.top_k, req.seed, bucket)
+        prefilled[key] = ks, vs, logits
       self._run_insert(ks, vs, i)
+      self.local_rows += int(self.local_row[i])
       first = int(first)
       self.rows[i] = _Row(handle, RowStream(self.tokenizer, req.max_tokens, self.stop_ids,
                                             self.eos_ids,

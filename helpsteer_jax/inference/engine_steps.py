@@ -115,7 +115,8 @@ def _heads_first(x: jax.Array, dtype) -> jax.Array:
 def prefill(rest, layers, tokens, length, temperature, top_p, top_k, seed, *,
             unstacked: Unstacked, rules, cache_dtype):
   """Runs one left-padded prompt [1, T]; returns its per-layer keys and values
-  ([1, K, T, D] each), the first sampled token and its log-probability."""
+  ([1, K, T, D] each), the first sampled token, its log-probability and the last
+  position's logits [V] (`first_token` samples them again)."""
   with sharding_lib.axis_rules(rules):
     model = unstacked.model(rest, layers)
     t = tokens.shape[1]
@@ -133,11 +134,17 @@ def prefill(rest, layers, tokens, length, temperature, top_p, top_k, seed, *,
       return attn.attend(q, k, v, info, window)
 
     x = _layers_forward(unstacked, layers, model.embed_tokens(tokens), cos, sin, attend)
-    hidden = model.final_norm(x[:, -1:])
-    first, logp = sampling_lib.sample_rows(
-        model.logits(hidden)[:, 0], jax.random.fold_in(jax.random.key(seed), 0)[None],
-        temperature[None], top_p[None], top_k[None])
-    return ks, vs, first[0], logp[0]
+    logits = model.logits(model.final_norm(x[:, -1:]))[0, 0]
+    first, logp = first_token(logits, temperature, top_p, top_k, seed)
+    return ks, vs, first, logp, logits
+
+
+def first_token(logits, temperature, top_p, top_k, seed):
+  """A row's first token from its prompt's last logits [V], and its log-probability."""
+  first, logp = sampling_lib.sample_rows(
+      logits[None], jax.random.fold_in(jax.random.key(seed), 0)[None], temperature[None],
+      top_p[None], top_k[None])
+  return first[0], logp[0]
 
 
 def insert(ks, vs, new_ks, new_vs, row, end):

@@ -1,63 +1,49 @@
-"""Text in, text out: tokenization, stop strings and detokenization around `Sampler`.
+"""Text in, text out on the engine: the tasks' prompts, stop ids and batch calls.
 
-A stop string that is one token (the SteerLM turn marker `<extra_id_1>` in
-NeMo's and the demo tokenizers) becomes a stop id checked inside the decode
-loop; a longer one becomes a stop sequence (its ids alone and after a
-newline, as tokenizers such as SentencePiece split it differently in
-context). Either way the text is finally cut at the first stop string, so
+Every generating task (generate, best-of-n, steering sweeps, MT-Bench
+answers) and the server build their `Engine` with `make_engine`: the
+tokenizer's and the model's EOS ids and the stop strings that are one token
+(the SteerLM turn marker `<extra_id_1>` in NeMo's and the demo tokenizers)
+end a row inside the engine; longer stop strings end it when its text holds
+one (`row_stream`). Either way the text is cut at the first stop string, so
 the returned text never contains it, nor an EOS token.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Sequence
 
+import jax
+from flax import nnx
+
+from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.config_sections import DEFAULT_STOP_STRINGS
 from helpsteer_jax.data import template
 from helpsteer_jax.data.features import tokenize
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.inference import decode
+from helpsteer_jax.inference.engine import DecodeRequest, Engine, Output
 from helpsteer_jax.inference.sampling import SamplingConfig
 
-
-@dataclasses.dataclass
-class Completion:
-  """One generated continuation. `finish_reason`: "stop" (EOS or a stop
-  string) or "length" (max_new_tokens reached)."""
-
-  text: str
-  token_ids: list[int]
-  finish_reason: str
+SEED_SPACE = 2**32  # the engine's per-row seeds are uint32
 
 
 def _ids(tokenizer: Any, text: str) -> list[int]:
   return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def stop_tokens(tokenizer: Any, stop_strings: Sequence[str],
-                eos_ids: Sequence[int] = ()) -> decode.StopTokens:
-  """Token-level stop conditions for `stop_strings` plus the EOS ids."""
-  ids, sequences = set(int(i) for i in eos_ids), set()
+def stop_ids(tokenizer: Any, stop_strings: Sequence[str],
+             eos_ids: Sequence[int] = ()) -> tuple[int, ...]:
+  """The EOS ids and the ids of the stop strings that are one token (alone, or after a
+  newline, as tokenizers such as SentencePiece split them differently in context)."""
+  ids = set(int(i) for i in eos_ids)
   newline = _ids(tokenizer, "\n")
   for s in stop_strings:
-    alone = _ids(tokenizer, s)
+    variants = [_ids(tokenizer, s)]
     in_context = _ids(tokenizer, "\n" + s)
-    variants = [alone]
     if in_context[: len(newline)] == newline:
       variants.append(in_context[len(newline):])
-    for v in variants:
-      if len(v) == 1:
-        ids.add(int(v[0]))
-      elif v:
-        sequences.add(tuple(int(t) for t in v))
-  return decode.StopTokens(ids=tuple(sorted(ids)), sequences=tuple(sorted(sequences)))
-
-
-def cut_at_stop(text: str, stop_strings: Sequence[str]) -> tuple[str, bool]:
-  """`text` up to the first stop string, and whether one was found."""
-  cuts = [i for i in (text.find(s) for s in stop_strings if s) if i >= 0]
-  return (text[: min(cuts)], True) if cuts else (text, False)
+    ids.update(int(v[0]) for v in variants if len(v) == 1)
+  return tuple(sorted(ids))
 
 
 def eos_ids(tokenizer: Any, model_eos: int | Sequence[int] | None) -> tuple[int, ...]:
@@ -70,16 +56,31 @@ def eos_ids(tokenizer: Any, model_eos: int | Sequence[int] | None) -> tuple[int,
   return tuple(sorted(found))
 
 
-class Generator:
-  """Completes text prompts with a `Sampler` and a tokenizer."""
+def make_engine(model: nnx.Module, mesh: jax.sharding.Mesh, tokenizer: Any, *,
+                rules: sharding_lib.Rules = sharding_lib.DEFAULT_RULES, max_batch: int = 16,
+                max_length: int | None = None, chunk_steps: int = 8, pad_id: int = 0,
+                stop_strings: Sequence[str] = DEFAULT_STOP_STRINGS) -> Engine:
+  """An `Engine` for `model` that ends rows at EOS and at `stop_strings`.
 
-  def __init__(self, sampler: decode.Sampler, tokenizer: Any,
-               stop_strings: Sequence[str] = DEFAULT_STOP_STRINGS, add_bos: bool = True):
-    self.sampler, self.tokenizer = sampler, tokenizer
-    self.stop_strings = tuple(stop_strings)
+  `max_length` defaults to the model's `max_position_embeddings`; `max_batch`
+  is rounded up to a multiple of the mesh's batch shards.
+  """
+  eos = eos_ids(tokenizer, model.cfg.eos_token_id)
+  shards = sharding_lib.spec_shard_count(
+      sharding_lib.logical_to_spec(("batch",), rules), mesh, 0)
+  return Engine(model, mesh, tokenizer, rules=rules, max_batch=-(-max_batch // shards) * shards,
+                max_length=max_length or model.cfg.max_position_embeddings,
+                chunk_steps=chunk_steps, pad_id=pad_id,
+                stop_ids=stop_ids(tokenizer, stop_strings, eos), eos_ids=eos,
+                stop_strings=stop_strings)
+
+
+class Generator:
+  """Completes text prompts with an `Engine`'s batch API."""
+
+  def __init__(self, engine: Engine, add_bos: bool = True):
+    self.engine, self.tokenizer = engine, engine.tokenizer
     self.add_bos = add_bos
-    self.eos_ids = eos_ids(tokenizer, sampler.cfg.eos_token_id)
-    self.stop = stop_tokens(tokenizer, self.stop_strings, self.eos_ids)
 
   def encode(self, prompt: str) -> list[int]:
     """Prompt ids exactly as AC-SFT training tokenizes text (BOS, one call)."""
@@ -87,19 +88,21 @@ class Generator:
     return tokenize.tokenize_pieces(pieces, self.tokenizer, add_bos=self.add_bos).ids.tolist()
 
   def complete(self, prompts: Sequence[str], max_new_tokens: int,
-               sampling: SamplingConfig = SamplingConfig(), seed: int = 0) -> list[Completion]:
-    """One completion per prompt, decoded as one batch."""
+               sampling: SamplingConfig = SamplingConfig(), seed: int = 0) -> list[Output]:
+    """One completion per prompt; prompt i samples with seed `seed + i`, so a row's
+    output depends on its prompt and seed alone, not on the rest of the batch."""
+    requests = []
     for i, p in enumerate(prompts):
       if not p:
         raise ConfigError(f"prompt {i} is empty: give some text to continue")
-    result = self.sampler.generate([self.encode(p) for p in prompts], max_new_tokens,
-                                   sampling=sampling, seed=seed, stop=self.stop)
-    out = []
-    for i in range(len(prompts)):
-      ids = result.row(i)
-      shown = ids[:-1] if ids and ids[-1] in self.eos_ids else ids
-      text = self.tokenizer.decode(shown, skip_special_tokens=False)
-      text, cut = cut_at_stop(text, self.stop_strings)
-      stopped = bool(result.stopped[i]) or cut
-      out.append(Completion(text, ids, "stop" if stopped else "length"))
-    return out
+      ids = self.encode(p)
+      if len(ids) + max_new_tokens > self.engine.max_length:
+        raise ConfigError(
+            f"prompt {i} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} that"
+            f" exceeds the KV cache length {self.engine.max_length}: shorten the prompt,"
+            " lower max_new_tokens or raise max_length (at most the model's"
+            f" max_position_embeddings={self.engine.cfg.max_position_embeddings})")
+      requests.append(DecodeRequest(
+          ids, max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+          top_k=sampling.top_k, seed=(seed + i) % SEED_SPACE))
+    return self.engine.generate(requests)

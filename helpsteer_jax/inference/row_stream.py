@@ -12,7 +12,6 @@ import dataclasses
 from typing import Any, Sequence
 
 from helpsteer_jax.data.template import END_OF_TURN
-from helpsteer_jax.inference.generator import cut_at_stop
 
 
 @dataclasses.dataclass
@@ -24,6 +23,12 @@ class Update:
   completion_tokens: int
   finish_reason: str | None = None
   text: str = ""
+
+
+def cut_at_stop(text: str, stop_strings: Sequence[str]) -> tuple[str, bool]:
+  """`text` up to the first stop string, and whether one was found."""
+  cuts = [i for i in (text.find(s) for s in stop_strings if s) if i >= 0]
+  return (text[: min(cuts)], True) if cuts else (text, False)
 
 
 def held_back(text: str, stops: Sequence[str]) -> int:
@@ -38,7 +43,8 @@ def held_back(text: str, stops: Sequence[str]) -> int:
 
 
 class RowStream:
-  """The tokens of one completion and the text shown of them so far."""
+  """The tokens of one completion and the text shown of them so far (no text, and no
+  stop strings, without a tokenizer)."""
 
   def __init__(self, tokenizer: Any, max_tokens: int, stop_ids: frozenset[int],
                eos_ids: frozenset[int], stop_strings: Sequence[str]):
@@ -78,6 +84,8 @@ class RowStream:
     return Update(delta, len(self.ids), finish, text)
 
   def _decode(self, ids: list[int]) -> str:
+    if self.tokenizer is None:
+      return ""
     shown = ids[:-1] if ids and ids[-1] in self.eos_ids else ids
     return self.tokenizer.decode(shown, skip_special_tokens=False)
 

@@ -22,7 +22,7 @@ from helpsteer_jax.data import template
 from helpsteer_jax.data.features import tokenize
 from helpsteer_jax.inference import loading, steering
 from helpsteer_jax.inference.engine import Engine
-from helpsteer_jax.inference.generator import eos_ids, stop_tokens
+from helpsteer_jax.inference.generator import make_engine
 from helpsteer_jax.scoring import rewards
 from helpsteer_jax.scoring.load import load_scorer
 from helpsteer_jax.scoring.scorer import Scorer
@@ -63,14 +63,10 @@ def load_policy(config: ml_collections.ConfigDict, rt: runtime.Runtime,
                 workdir: pathlib.Path) -> Policy:
   """The model (HF directory or Orbax checkpoint) behind a warmed-up `Engine`."""
   model, tokenizer, pad = loading.load_with_tokenizer(config, rt, workdir)
-  stops = tuple(config.stop_strings)
-  eos = eos_ids(tokenizer, model.cfg.eos_token_id)
   serve = config.serve
-  engine = Engine(model, rt.mesh, tokenizer, rules=rt.rules, max_batch=serve.max_batch,
-                  max_length=serve.max_length or model.cfg.max_position_embeddings,
-                  chunk_steps=serve.chunk_steps, pad_id=pad,
-                  stop_ids=stop_tokens(tokenizer, stops, eos).ids, eos_ids=eos,
-                  stop_strings=stops)
+  engine = make_engine(model, rt.mesh, tokenizer, rules=rt.rules, max_batch=serve.max_batch,
+                       max_length=serve.max_length or None, chunk_steps=serve.chunk_steps,
+                       pad_id=pad, stop_strings=tuple(config.stop_strings))
 
   def encode(text: str) -> list[int]:
     pieces = [template.Piece(text, False)]

@@ -138,7 +138,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   model_id = config.model_id or workdir.resolve().name
 
   setup = setup_lib.prepare(config, workdir, tokenizer=False, model=False)
-  generator = build_generator(config, setup.rt, workdir, min_batch=config.batch_size)
+  generator = build_generator(config, setup.rt, workdir, max_batch=config.batch_size)
   answers_path = workdir / "answers.jsonl"
   done = answer_all(generator, questions, attributes, config.system, answers_path,
                     model_id=model_id, max_new_tokens=config.max_new_tokens,

@@ -31,8 +31,7 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import best_of_n as best_of_n_lib
 from helpsteer_jax.inference import chat as chat_lib
 from helpsteer_jax.inference import loading, steering
-from helpsteer_jax.inference.decode import Sampler
-from helpsteer_jax.inference.generator import Generator
+from helpsteer_jax.inference.generator import Generator, make_engine
 from helpsteer_jax.inference.sampling import SamplingConfig
 from helpsteer_jax.scoring import rewards
 from helpsteer_jax.scoring.load import load_scorer
@@ -59,15 +58,16 @@ def read_input(config: ml_collections.ConfigDict, attributes: dict[str, int]) ->
 
 
 def build_generator(config: ml_collections.ConfigDict, rt: runtime.Runtime,
-                    workdir: pathlib.Path, min_batch: int | None = None) -> Generator:
-  """The configured model and tokenizer behind a `Generator`; batches are padded to
-  `min_batch` rows (default: `batch_size` for files, one compile; 1 for chat)."""
+                    workdir: pathlib.Path, max_batch: int | None = None) -> Generator:
+  """The configured model and tokenizer behind a `Generator`; the engine holds
+  `max_batch` rows (default: `batch_size` for files, 1 for chat)."""
   model, tokenizer, pad = loading.load_with_tokenizer(config, rt, workdir)
-  if min_batch is None:
-    min_batch = config.batch_size if config.get("mode", "file") == "file" else 1
-  sampler = Sampler(model, rt.mesh, rt.rules, max_length=config.max_length or None,
-                    pad_id=pad, min_batch=min_batch)
-  return Generator(sampler, tokenizer, tuple(config.stop_strings), add_bos=config.add_bos)
+  if max_batch is None:
+    max_batch = config.batch_size if config.get("mode", "file") == "file" else 1
+  engine = make_engine(model, rt.mesh, tokenizer, rules=rt.rules, max_batch=max_batch,
+                       max_length=config.max_length or None, pad_id=pad,
+                       stop_strings=tuple(config.stop_strings))
+  return Generator(engine, add_bos=config.add_bos)
 
 
 def _answer_batch(generator: Generator, batch: list, config: ml_collections.ConfigDict,
@@ -94,8 +94,9 @@ def answer_all(generator: Generator, requests: list, config: ml_collections.Conf
                sampling: SamplingConfig, out_path: pathlib.Path, scorer=None) -> int:
   """Appends the answers not yet in `out_path`; returns how many rows were there already.
 
-  A batch's seed is `config.seed` + its first row, so a resumed run (which
-  redoes the batch it stopped in) samples what an uninterrupted run would.
+  Row i samples with seed `config.seed` + i (its batch's seed + its place in the
+  batch), so a resumed run (which redoes the batch it stopped in) samples what an
+  uninterrupted run would, whatever the batch size.
   `scorer` is `best_of_n_scorer`'s (needed for n > 1).
   """
   bon = config.best_of_n
@@ -137,8 +138,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   done = answer_all(generator, requests, config, sampling, out_path,
                     best_of_n_scorer(config, setup.rt))
   seconds = time.perf_counter() - start
-  logging.info("compiled decode variants: %d", generator.sampler.compiled_variants)
-  multihost.report_split("generate: rows decoded", generator.sampler.local_rows)
+  logging.info("compiled decode variants: %d", generator.engine.compiled_variants)
+  multihost.report_split("generate: rows decoded", generator.engine.local_rows)
   if processes.is_primary():
     print(f"generate: answered {len(requests) - done} prompts in {seconds:.1f}s"
           f" ({done} already answered) -> {out_path}")
