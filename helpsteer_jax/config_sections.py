@@ -104,7 +104,8 @@ def generation_config(task: str, preset: str = "") -> ml_collections.ConfigDict:
     config.model = config_base.model_section("tiny")
     return config
   if preset in GENERATION_PRESETS:
-    config.model = config_base.model_section(preset, dtype="bfloat16", param_dtype="bfloat16")
+    # bfloat16 on accelerators, float32 on CPU (runtime.decode_dtype says why).
+    config.model = config_base.model_section(preset, dtype="auto", param_dtype="auto")
     config.mesh = config_base.mesh_config(data=1, fsdp=1, tensor=-1)
     config.max_new_tokens = 512
     config.max_length = 4096

@@ -188,12 +188,22 @@ def lora_config(model: ml_collections.ConfigDict) -> LoraConfig | None:
                     dropout=float(section.dropout))
 
 
+def decode_dtype(dtype: str) -> str:
+  """`dtype`, with "auto" (the generation and serving presets') resolved: bfloat16 on
+  accelerators, float32 on CPU, where XLA's bfloat16 matmuls at decoding's small
+  batches run slower than float32 ones (benchmarks/serve_vs_vllm.py, docs/results.md)
+  and greedy output would depend on which other rows share the batch."""
+  if dtype != "auto":
+    return dtype
+  return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+
+
 def build_model_config(model: ml_collections.ConfigDict, base: ModelConfig | None = None,
                        source: str = "the HF checkpoint") -> ModelConfig:
   """`ModelConfig` from the named model (or `base`, read from `source`, e.g. an HF dir) + knobs."""
   overrides = {
-      "dtype": model.dtype,
-      "param_dtype": model.param_dtype,
+      "dtype": decode_dtype(model.dtype),
+      "param_dtype": decode_dtype(model.param_dtype),
       "remat_policy": model.remat_policy,
       "scan_layers": model.scan_layers,
       "attention_impl": model.attention_impl,

@@ -6,6 +6,7 @@ SteerLM markers are single tokens, so `<extra_id_1>` is a stop id).
 
 import io
 import json
+import runpy
 
 import jax
 import numpy as np
@@ -367,3 +368,16 @@ def test_chat_mode_of_the_task(tmp_path, monkeypatch, capsys):
   out = capsys.readouterr().out
   assert out.count("Assistant> ") == 2
   assert "attributes: helpfulness:4,correctness:4,coherence:4,complexity:4,verbosity:0" in out
+
+
+def test_generation_presets_decode_in_float32_on_cpu():
+  from helpsteer_jax import runtime
+
+  from conftest import REPO_ROOT
+  for task in ("generate", "serve"):
+    config = runpy.run_path(str(REPO_ROOT / "configs" / f"{task}.py"))["get_config"](
+        "smollm2_135m")
+    assert config.model.dtype == config.model.param_dtype == "auto"
+    cfg = runtime.build_model_config(config.model)
+    assert (cfg.dtype, cfg.param_dtype) == ("float32", "float32")  # this suite runs on CPU
+  assert runtime.decode_dtype("bfloat16") == "bfloat16"

@@ -60,7 +60,8 @@ def get_config(preset: str = ""):
     config.serve.max_length = 1024
     return config
   if preset in PRESETS:
-    config.model = config_base.model_section(preset, dtype="bfloat16", param_dtype="bfloat16")
+    # bfloat16 on accelerators, float32 on CPU (runtime.decode_dtype says why).
+    config.model = config_base.model_section(preset, dtype="auto", param_dtype="auto")
     config.serve.max_length = 4096
     config.require_hf_path = preset != "smollm2_135m"
     return config

@@ -176,18 +176,15 @@ def decode_step(rest, layers, ks, vs, end, row_start, last, positions, temperatu
     new_ks, new_vs = list(ks), list(vs)
 
     def attend(i, attn, q, k, v, window):
-      k_cache, v_cache = ks[i], vs[i]
+      # The new slot goes straight into the whole buffer (in place), and attention
+      # reads the first n rows of it: updating a slice of rows and writing the
+      # slice back made XLA copy the whole buffer every step.
+      at = (zero, zero, end, zero)
+      new_ks[i] = jax.lax.dynamic_update_slice(ks[i], _heads_first(k, ks[i].dtype), at)
+      new_vs[i] = jax.lax.dynamic_update_slice(vs[i], _heads_first(v, vs[i].dtype), at)
+      k_cache, v_cache = new_ks[i], new_vs[i]
       if n < rows:
         k_cache, v_cache = k_cache[:n], v_cache[:n]
-      k_cache = jax.lax.dynamic_update_slice(k_cache, _heads_first(k, k_cache.dtype),
-                                             (zero, zero, end, zero))
-      v_cache = jax.lax.dynamic_update_slice(v_cache, _heads_first(v, v_cache.dtype),
-                                             (zero, zero, end, zero))
-      if n < rows:
-        new_ks[i] = jax.lax.dynamic_update_slice(ks[i], k_cache, (zero,) * 4)
-        new_vs[i] = jax.lax.dynamic_update_slice(vs[i], v_cache, (zero,) * 4)
-      else:
-        new_ks[i], new_vs[i] = k_cache, v_cache
       return attention_lib.cached_attention(q, k_cache, v_cache, info, **attn.knobs(window))
 
     x = _layers_forward(unstacked, layers, model.embed_tokens(last[:, None]), cos, sin, attend)
