@@ -40,7 +40,7 @@ import time
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MODEL_NAME = "lm-eval-model"
 HEADER = ["model", "task", "metric", "ours (local-completions)", "hf (transformers)",
-          "max |loglikelihood diff|", "generations differing"]
+          "largest loglikelihood difference", "generations differing"]
 
 MC_ROWS = [
     ("What is the capital of France?", ["Berlin", "Paris", "Madrid", "Rome"], 1),

@@ -15,7 +15,13 @@ token). A scheduler thread:
     taken lowest first), with per-row temperature, top-p and PRNG streams
     (arrays, so greedy and sampled rows share the compile);
   - hands each request its new text, ends rows at stop tokens, stop strings
-    or their token budget, and frees finished or cancelled rows.
+    or their token budget, and frees finished or cancelled rows;
+  - between chunks, scores the prompts queued by `score` (the model's
+    log-probability of each prompt token, one compiled forward per bucket).
+
+Every generated token also carries the model's own log-probability and its
+top `sampling.MAX_LOGPROBS` alternatives (`Output.raw`), besides its
+log-probability under the distribution it was drawn from (`Output.logprobs`).
 
 When `end` would run past the buffers, or a newcomer's prompt is longer than
 `end`, or the live rows span far fewer slots than the buffers hold, the
