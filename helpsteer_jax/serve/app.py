@@ -280,6 +280,9 @@ def create_app(policy: Policy, settings: Settings, attribute_model: AttributeMod
     prompts = completions_lib.prompts(req.prompt, policy.encode_plain, policy.decode,
                                       vocab)
     jobs = [job(req, ids, chat=False, echo=text if req.echo else "") for ids, text in prompts]
+    logging.info("completions: stream=%s prompts=%d n=%d prompt_tokens=%d max_tokens=%d"
+                 " echo=%s logprobs=%s", req.stream, len(jobs), req.n, prompt_tokens(jobs),
+                 jobs[0].max_tokens, req.echo, req.logprobs)
     if req.stream:
       return streamed(req, jobs)
     scores = [None] * len(jobs)
