@@ -287,7 +287,10 @@ def create_app(policy: Policy, settings: Settings, attribute_model: AttributeMod
       return streamed(req, jobs)
     scores = [None] * len(jobs)
     if req.echo and req.logprobs is not None:
-      scores = [asyncio.wrap_future(engine.score(j.prompt_ids)) for j in jobs]
+      try:
+        scores = [asyncio.wrap_future(engine.score(j.prompt_ids)) for j in jobs]
+      except RuntimeError as e:  # shutting down
+        raise protocol.ApiError(str(e), 503, kind="server_error") from None
     finals = await collect(jobs, request)
     scores = [s if s is None else await s for s in scores]
     if finals is None:
