@@ -8,7 +8,7 @@ a process), made once with Python 3.11:
 
   python3.11 -m venv /tmp/lmeval-venv
   /tmp/lmeval-venv/bin/pip install torch==2.13.0   # PyPI's CPU wheel, before lm-eval
-  /tmp/lmeval-venv/bin/pip install lm-eval==0.4.13
+  /tmp/lmeval-venv/bin/pip install "lm-eval[hf,api]==0.4.13"  # the hf and API backends
 
 Two small local tasks (written next to the outputs): a multiple-choice one
 (loglikelihood requests: acc, acc_norm) and a generate_until one (greedy,
