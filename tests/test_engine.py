@@ -101,8 +101,8 @@ def test_concurrent_greedy_equals_each_prompt_alone_and_compiles_nothing(setup):
                   top_p=0.9, seed=3),
              dict(prompt_ids=gen.encode(prompts[2]), max_tokens=10)])
   inserts = sum(length >= t + eng.chunk_steps for t in eng.buckets for length in eng.lengths)
-  assert eng.compiled_variants == compiled == (
-      len(eng.buckets) + 1 + inserts + len(eng.row_buckets) * len(eng.lengths)
+  assert eng.compiled_variants == compiled == (  # prefill and scoring per prompt bucket
+      2 * len(eng.buckets) + 1 + inserts + len(eng.row_buckets) * len(eng.lengths)
       + len(eng.lengths) ** 2)
   assert COMPILES.count == compiles
 
@@ -193,6 +193,44 @@ def test_batch_api_equals_the_streaming_engine_and_its_logprobs_are_the_models(
     np.testing.assert_allclose(out.logprobs, want, atol=2e-5)
     if not settings:
       np.testing.assert_array_equal(out.token_ids, rows.argmax(-1))
+
+
+def _reference_logprobs(model, ids: list[int]) -> np.ndarray:
+  """NumPy log_softmax of the full forward's logits over `ids`: [len(ids), vocab]."""
+  tokens = np.asarray([ids], np.int32)
+  positions = np.arange(len(ids), dtype=np.int32)[None]
+  return _log_softmax(np.asarray(model.logits(model(tokens, positions, np.ones_like(tokens))))[0])
+
+
+def _check_raw(raw: engine_lib.TokenLogprobs, ids: list[int], want: np.ndarray) -> None:
+  """`raw` of `ids` against the reference rows `want` [len(ids), vocab]."""
+  k = sampling_lib.MAX_LOGPROBS
+  np.testing.assert_allclose(raw.chosen, want[np.arange(len(ids)), ids], atol=1e-5)
+  np.testing.assert_allclose(raw.top, -np.sort(-want, -1)[:, :k], atol=1e-5)
+  np.testing.assert_allclose(np.take_along_axis(want, raw.top_ids, -1), raw.top, atol=1e-5)
+
+
+def test_raw_logprobs_and_prompt_scores_are_the_models(setup, batch_engine):
+  gen, streaming = setup
+  model, eng = batch_engine
+  prompt = gen.encode(_prompt(*PROMPTS[2]))
+  # A sampled row's raw log-probabilities are the model's, not the sampling distribution's.
+  for settings in ({}, dict(temperature=0.7, top_p=0.8, seed=5)):
+    out = eng.generate([engine_lib.DecodeRequest(prompt_ids=prompt, max_tokens=14,
+                                                 **settings)])[0]
+    want = _reference_logprobs(model, prompt + out.token_ids)[len(prompt) - 1:-1]
+    _check_raw(out.raw, out.token_ids, want)
+    assert out.raw.top_ids.shape == (len(out.token_ids), sampling_lib.MAX_LOGPROBS)
+  # Scoring a prompt: each token after the first given the ones before, from either the
+  # calling thread or the running scheduler, compiling nothing.
+  want = _reference_logprobs(model, prompt)[:-1]
+  compiles = COMPILES.count
+  _check_raw(streaming.score(prompt).result(timeout=300), prompt[1:], want)
+  assert COMPILES.count == compiles
+  _check_raw(eng.score(prompt).result(), prompt[1:], want)
+  assert len(eng.score(prompt[:1]).result().chosen) == 0
+  with pytest.raises(ValueError, match="1..96"):
+    eng.score([1] * 97)
 
 
 def test_greedy_is_the_same_alone_and_among_15_others(setup, batch_engine):

@@ -128,7 +128,7 @@ def test_mt_bench_with_llm_judge_resumes_and_reports(models, judge, tmp_path):
 
   # The second turn was generated from the model's own first answer.
   rt = runtime.setup(config)
-  generator = generate.build_generator(config, rt, work, min_batch=2)
+  generator = generate.build_generator(config, rt, work, max_batch=2)
   questions = mt_bench_data.read_questions(mt_dir / "question.jsonl")[:2]
   turn2 = [template.generation_prompt(conversation(q, a["choices"][0]["turns"][:1],
                                                    a["attributes"], config.system),

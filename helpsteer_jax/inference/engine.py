@@ -15,7 +15,13 @@ token). A scheduler thread:
     taken lowest first), with per-row temperature, top-p and PRNG streams
     (arrays, so greedy and sampled rows share the compile);
   - hands each request its new text, ends rows at stop tokens, stop strings
-    or their token budget, and frees finished or cancelled rows.
+    or their token budget, and frees finished or cancelled rows;
+  - between chunks, scores the prompts queued by `score` (the model's
+    log-probability of each prompt token, one compiled forward per bucket).
+
+Every generated token also carries the model's own log-probability and its
+top `sampling.MAX_LOGPROBS` alternatives (`Output.raw`), besides its
+log-probability under the distribution it was drawn from (`Output.logprobs`).
 
 When `end` would run past the buffers, or a newcomer's prompt is longer than
 `end`, or the live rows span far fewer slots than the buffers hold, the
@@ -27,10 +33,11 @@ Every shape is one of a fixed set: after `warm_up`, requests compile nothing.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import functools
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -41,48 +48,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import engine_steps
-from helpsteer_jax.inference.row_stream import RowStream, Update
-
-
-@dataclasses.dataclass
-class DecodeRequest:
-  """One completion to generate. `stop_strings` end it (and are cut from the
-  text) besides the engine's stop ids; `on_update(update)`, if given, is
-  called from the scheduler with each piece of new text. `top_k = 0` and
-  `top_p = 1` are off; `temperature = 0` is greedy."""
-
-  prompt_ids: Sequence[int]
-  max_tokens: int
-  on_update: Callable[["Update"], None] | None = None
-  temperature: float = 0.0
-  top_p: float = 1.0
-  top_k: int = 0
-  seed: int = 0
-  stop_strings: tuple[str, ...] = ()
-
-
-@dataclasses.dataclass
-class Output:
-  """A finished request: its token ids (through the stop token or the token that
-  completed a stop string), each one's log-probability under the distribution it
-  was drawn from, the text (stop strings and EOS cut) and "stop" / "length"."""
-
-  token_ids: list[int]
-  logprobs: list[float]
-  text: str
-  finish_reason: str
-
-
-class Handle:
-  """A submitted request; `cancel()` frees its row at the next chunk boundary."""
-
-  def __init__(self, request: DecodeRequest):
-    self.request = request
-    self.cancelled = False
-    self.output: Output | None = None  # set when it finishes
-
-  def cancel(self) -> None:
-    self.cancelled = True
+from helpsteer_jax.inference.row_stream import (  # noqa: F401 - the engine's API
+  DecodeRequest,
+  Handle,
+  Output,
+  RowStream,
+  TokenLogprobs,
+  Update,
+)
 
 
 @dataclasses.dataclass
@@ -92,6 +65,7 @@ class _Row:
   handle: Handle
   stream: RowStream
   logprobs: list[float] = dataclasses.field(default_factory=list)
+  raw: list[TokenLogprobs] = dataclasses.field(default_factory=list)
 
   @property
   def request(self) -> DecodeRequest:
@@ -154,22 +128,26 @@ class Engine:
       self.local_row[index[0]] = True
     self.local_rows = 0  # requests admitted into rows this process's devices hold
     self._replicated = NamedSharding(mesh, PartitionSpec())
-    # A prompt is prefilled alone: its one row is computed on every batch shard.
+    # A prompt is prefilled (or scored) alone: its one row is computed on every batch shard.
     one_row = sharding_lib.replicated_batch(rules)
     prompt_caches = [engine_steps.cache_sharding(mesh, one_row)] * cfg.num_layers
     self._prefill = jax.jit(
         functools.partial(engine_steps.prefill, unstacked=unstacked, rules=one_row,
                           cache_dtype=cfg.compute_dtype),
-        out_shardings=(prompt_caches, prompt_caches) + (self._replicated,) * 3)
-    self._first = jax.jit(functools.partial(engine_steps.first_token),
+        out_shardings=(prompt_caches, prompt_caches) + (self._replicated,) * 4)
+    self._score = jax.jit(functools.partial(engine_steps.score, unstacked=unstacked,
+                                            rules=one_row),
                           out_shardings=self._replicated)
     # Partials, so that each engine's functions (and `compiled_variants`) are its own:
     # jit caches compiles per function object.
+    self._first = jax.jit(functools.partial(engine_steps.first_token),
+                          out_shardings=self._replicated)
     self._insert = jax.jit(functools.partial(engine_steps.insert), donate_argnums=(0, 1),
                            out_shardings=(caches, caches))
     self._decode = jax.jit(functools.partial(engine_steps.decode_step, **static),
                            donate_argnums=(2, 3),
-                           out_shardings=(caches, caches, self._replicated, self._replicated))
+                           out_shardings=(caches, caches, self._replicated, self._replicated,
+                                          self._replicated))
     # Not donated: a resize cannot reuse its input buffers, and re-layouts are rare.
     self._relayout = jax.jit(functools.partial(engine_steps.relayout), static_argnames="length",
                              out_shardings=(caches, caches))
@@ -187,6 +165,8 @@ class Engine:
     self.counters = np.zeros(max_batch, np.int32)
     self.seeds = np.zeros(max_batch, np.uint32)
     self.waiting: collections.deque[Handle] = collections.deque()
+    self.scoring: collections.deque[tuple[list[int], concurrent.futures.Future]] = (
+        collections.deque())
     self.cond = threading.Condition()
     self.stopping = False
     self.stats = {"requests": 0, "chunks": 0, "rebases": 0, "generated_tokens": 0,
@@ -199,13 +179,14 @@ class Engine:
   def compiled_variants(self) -> int:
     """Compiled variants of the engine's functions (fixed after `warm_up`)."""
     return sum(f._cache_size() for f in (self._prefill, self._first, self._insert,
-                                         self._decode, self._relayout))
+                                         self._decode, self._relayout, self._score))
 
   def warm_up(self) -> None:
-    """Compiles every prompt bucket's prefill, every (rows, slots) decode step, the
-    prompt inserts and the re-layouts between slot counts."""
+    """Compiles every prompt bucket's prefill and scoring, every (rows, slots) decode step,
+    the prompt inserts and the re-layouts between slot counts."""
     for t in self.buckets:
-      ks, vs, _, _, logits = self._run_prefill([self.pad_id], 0.0, 1.0, 0, 0, t)
+      self._run_score([self.pad_id] * 2, t)
+      ks, vs, *_, logits = self._run_prefill([self.pad_id], 0.0, 1.0, 0, 0, t)
       if t == self.buckets[0]:
         self._run_first(logits, 0.0, 1.0, 0, 0)
       for length in self.lengths:
@@ -256,6 +237,24 @@ class Engine:
       self.cond.notify()
     return handle
 
+  def score(self, prompt_ids: Sequence[int]) -> concurrent.futures.Future:
+    """The model's log-probabilities of each prompt token after the first given the ones
+    before it (a future of `TokenLogprobs`, [len - 1]); the scheduler computes them
+    between chunks (the calling thread, when the scheduler is not running)."""
+    if not 1 <= len(prompt_ids) <= self.max_length:
+      raise ValueError(f"the prompt has {len(prompt_ids)} tokens; it must have 1.."
+                       f"{self.max_length}")
+    future = concurrent.futures.Future()
+    if self._thread is None:
+      future.set_result(self._run_score(prompt_ids, self._bucket(len(prompt_ids))))
+      return future
+    with self.cond:
+      if self.stopping:
+        raise RuntimeError("the engine is shutting down")
+      self.scoring.append((list(prompt_ids), future))
+      self.cond.notify()
+    return future
+
   def stop(self, timeout: float | None = None) -> None:
     """Finishes the requests already submitted, then stops the scheduler."""
     with self.cond:
@@ -294,12 +293,19 @@ class Engine:
   def _loop(self) -> None:
     while True:
       with self.cond:
-        while not self.waiting and not self.busy_rows and not self.stopping:
+        while (not self.waiting and not self.busy_rows and not self.scoring
+               and not self.stopping):
           self.cond.wait()
-        if self.stopping and not self.waiting and not self.busy_rows:
+        if self.stopping and not self.waiting and not self.busy_rows and not self.scoring:
           return
         free = self._free_rows()
         newcomers = [self.waiting.popleft() for _ in range(min(len(free), len(self.waiting)))]
+        scoring = [self.scoring.popleft() for _ in range(len(self.scoring))]
+      for ids, future in scoring:  # the chunks' buffers are never touched concurrently
+        try:
+          future.set_result(self._run_score(ids, self._bucket(len(ids))))
+        except Exception as e:  # noqa: BLE001 - the caller hears of it
+          future.set_exception(e)
       try:
         self._admit(newcomers, free)
         if self.busy_rows:
@@ -354,12 +360,24 @@ class Engine:
   def _bucket(self, n: int) -> int:
     return next(b for b in self.buckets if b >= n)
 
+  def _padded(self, ids: Sequence[int], bucket: int) -> np.ndarray:
+    """`ids` left-padded to [1, bucket]."""
+    tokens = np.full((1, bucket), self.pad_id, np.int32)
+    tokens[0, bucket - len(ids):] = ids
+    return tokens
+
+  def _run_score(self, ids: Sequence[int], bucket: int) -> TokenLogprobs:
+    with jax.set_mesh(self.mesh):
+      out = self._score(self.rest, self.layers, self._padded(ids, bucket), np.int32(len(ids)))
+    chosen, top_ids, top = jax.device_get(out)
+    at = bucket - len(ids)  # the first scored token's entry: the second prompt token's
+    return TokenLogprobs(chosen[at:], top_ids[at:], top[at:])
+
   def _run_prefill(self, ids: Sequence[int], temperature: float, top_p: float, top_k: int,
                    seed: int, bucket: int):
     """Per-layer keys and values of `ids` left-padded to `bucket`, the first token, its
-    log-probability and the last position's logits."""
-    tokens = np.full((1, bucket), self.pad_id, np.int32)
-    tokens[0, bucket - len(ids):] = ids
+    log-probability, its raw log-probabilities and the last position's logits."""
+    tokens = self._padded(ids, bucket)
     with jax.set_mesh(self.mesh):
       return self._prefill(self.rest, self.layers, tokens, np.int32(len(ids)),
                            np.float32(temperature), np.float32(top_p), np.int32(top_k),
@@ -389,9 +407,10 @@ class Engine:
       key = tuple(int(t) for t in req.prompt_ids)
       if key in prefilled:
         ks, vs, logits = prefilled[key]
-        first, logp = self._run_first(logits, req.temperature, req.top_p, req.top_k, req.seed)
+        first, logp, raw = self._run_first(logits, req.temperature, req.top_p, req.top_k,
+                                           req.seed)
       else:
-        ks, vs, first, logp, logits = self._run_prefill(
+        ks, vs, first, logp, raw, logits = self._run_prefill(
             req.prompt_ids, req.temperature, req.top_p, req.top_k, req.seed, bucket)
         prefilled[key] = ks, vs, logits
       self._run_insert(ks, vs, i)
@@ -400,7 +419,8 @@ class Engine:
       self.rows[i] = _Row(handle, RowStream(self.tokenizer, req.max_tokens, self.stop_ids,
                                             self.eos_ids,
                                             self.stop_strings + tuple(req.stop_strings)),
-                          [float(logp)])
+                          [float(logp)],
+                          [TokenLogprobs(*(np.asarray(a)[None] for a in jax.device_get(raw)))])
       self.row_start[i] = self.end - len(req.prompt_ids)
       self.positions[i] = len(req.prompt_ids)
       self.temperature[i], self.top_p[i], self.top_k[i] = req.temperature, req.top_p, req.top_k
@@ -408,22 +428,24 @@ class Engine:
       self.last[i] = first
       self._deliver(i, [first])
 
-  def _run_decode(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+  def _run_decode(self, n: int) -> tuple[np.ndarray, np.ndarray, TokenLogprobs]:
     """A chunk of decode steps for rows [0, n): tokens and their log-probabilities,
-    [n, chunk_steps] each."""
+    [n, chunk_steps] each, and their raw log-probabilities ([n, chunk_steps, ...])."""
     last = jax.device_put(self.last[:n], self._replicated)
     row_start, temperature, top_p, top_k, seeds = (a[:n] for a in (
         self.row_start, self.temperature, self.top_p, self.top_k, self.seeds))
-    tokens, logprobs = [], []
+    tokens, logprobs, raws = [], [], []
     with jax.set_mesh(self.mesh):
       for i in range(self.chunk_steps):
-        self.k, self.v, last, logp = self._decode(
+        self.k, self.v, last, logp, raw = self._decode(
             self.rest, self.layers, self.k, self.v, np.int32(self.end + i), row_start, last,
             self.positions[:n] + i, temperature, top_p, top_k, seeds, self.counters[:n] + i)
         tokens.append(last)
         logprobs.append(logp)
-    tokens, logprobs = jax.device_get((tokens, logprobs))
-    return np.stack(tokens, axis=1), np.stack(logprobs, axis=1)
+        raws.append(raw)
+    tokens, logprobs, raws = jax.device_get((tokens, logprobs, raws))
+    raw = TokenLogprobs(*(np.stack(a, axis=1) for a in zip(*raws)))
+    return np.stack(tokens, axis=1), np.stack(logprobs, axis=1), raw
 
   def _step(self) -> None:
     for i, row in enumerate(self.rows):
@@ -437,7 +459,7 @@ class Engine:
     # Rows are taken lowest first, so the live ones sit in a prefix of the cache.
     live = max(i for i, r in enumerate(self.rows) if r is not None) + 1
     n = next(b for b in self.row_buckets if b >= live)
-    tokens, logprobs = self._run_decode(n)
+    tokens, logprobs, raw = self._run_decode(n)
     self.end += self.chunk_steps
     self.positions[:n] += self.chunk_steps
     self.counters[:n] += self.chunk_steps
@@ -446,17 +468,21 @@ class Engine:
     for i, row in enumerate(self.rows[:n]):
       if row is not None:
         row.logprobs.extend(logprobs[i].tolist())
+        row.raw.append(TokenLogprobs(raw.chosen[i], raw.top_ids[i], raw.top[i]))
         self._deliver(i, tokens[i].tolist())
 
   def _deliver(self, i: int, new: list[int]) -> None:
     """Feeds a row's new tokens to its stream; sends its update; frees it when finished."""
     row = self.rows[i]
     update = row.stream.add(new)
+    finished = row.stream.finished
+    if finished:
+      ids = row.stream.ids
+      update.token_ids, update.raw = list(ids), TokenLogprobs.concat(row.raw, len(ids))
+      row.handle.output = Output(update.token_ids, row.logprobs[:len(ids)], update.text,
+                                 update.finish_reason, update.raw)
     if update is not None and row.request.on_update is not None:
       row.request.on_update(update)
-    if row.stream.finished:
-      ids = row.stream.ids
-      row.handle.output = Output(list(ids), row.logprobs[:len(ids)], update.text,
-                                 update.finish_reason)
-      self.stats["generated_tokens"] += len(ids)
+    if finished:
+      self.stats["generated_tokens"] += len(row.stream.ids)
       self._free(i)

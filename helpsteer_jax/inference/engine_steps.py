@@ -20,6 +20,7 @@ the compile.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -112,39 +113,78 @@ def _heads_first(x: jax.Array, dtype) -> jax.Array:
   return x.transpose(0, 2, 1, 3).astype(dtype)
 
 
+def _prompt_forward(unstacked: Unstacked, rest, layers, tokens, length, on_kv=None):
+  """The model and the final-norm hidden states [1, T, hidden] of one left-padded prompt
+  [1, T] of `length` tokens; `on_kv(k, v)` sees each layer's keys and values."""
+  model = unstacked.model(rest, layers)
+  t = tokens.shape[1]
+  index = jnp.arange(t, dtype=jnp.int32)[None]
+  pad = t - length
+  segment_ids = (index >= pad).astype(jnp.int32)
+  positions = jnp.maximum(index - pad, 0)
+  cos, sin = rope_tables(positions, model.cfg)
+  info = attention_lib.MaskInfo(segment_ids, segment_ids, 0)
+
+  def attend(i, attn, q, k, v, window):
+    if on_kv is not None:
+      on_kv(k, v)
+    return attn.attend(q, k, v, info, window)
+
+  x = _layers_forward(unstacked, layers, model.embed_tokens(tokens), cos, sin, attend)
+  return model, model.final_norm(x)
+
+
 def prefill(rest, layers, tokens, length, temperature, top_p, top_k, seed, *,
             unstacked: Unstacked, rules, cache_dtype):
   """Runs one left-padded prompt [1, T]; returns its per-layer keys and values
-  ([1, K, T, D] each), the first sampled token, its log-probability and the last
-  position's logits [V] (`first_token` samples them again)."""
+  ([1, K, T, D] each), the first sampled token, its log-probability, its
+  `sampling.raw_logprobs` ([] and the top [MAX_LOGPROBS] ids and log-probabilities)
+  and the last position's logits [V] (`first_token` samples them again)."""
   with sharding_lib.axis_rules(rules):
-    model = unstacked.model(rest, layers)
-    t = tokens.shape[1]
-    index = jnp.arange(t, dtype=jnp.int32)[None]
-    pad = t - length
-    segment_ids = (index >= pad).astype(jnp.int32)
-    positions = jnp.maximum(index - pad, 0)
-    cos, sin = rope_tables(positions, model.cfg)
-    info = attention_lib.MaskInfo(segment_ids, segment_ids, 0)
     ks, vs = [], []
 
-    def attend(i, attn, q, k, v, window):
+    def keep(k, v):
       ks.append(_heads_first(k, cache_dtype))
       vs.append(_heads_first(v, cache_dtype))
-      return attn.attend(q, k, v, info, window)
 
-    x = _layers_forward(unstacked, layers, model.embed_tokens(tokens), cos, sin, attend)
-    logits = model.logits(model.final_norm(x[:, -1:]))[0, 0]
-    first, logp = first_token(logits, temperature, top_p, top_k, seed)
-    return ks, vs, first, logp, logits
+    model, hidden = _prompt_forward(unstacked, rest, layers, tokens, length, keep)
+    logits = model.logits(hidden[:, -1:])[0, 0]
+    first, logp, raw = first_token(logits, temperature, top_p, top_k, seed)
+    return ks, vs, first, logp, raw, logits
 
 
 def first_token(logits, temperature, top_p, top_k, seed):
-  """A row's first token from its prompt's last logits [V], and its log-probability."""
+  """A row's first token from its prompt's last logits [V], its log-probability and its
+  `sampling.raw_logprobs`."""
   first, logp = sampling_lib.sample_rows(
       logits[None], jax.random.fold_in(jax.random.key(seed), 0)[None], temperature[None],
       top_p[None], top_k[None])
-  return first[0], logp[0]
+  raw = sampling_lib.raw_logprobs(logits[None], first)
+  return first[0], logp[0], jax.tree.map(lambda a: a[0], raw)
+
+
+def score(rest, layers, tokens, length, *, unstacked: Unstacked, rules, chunk: int = 256):
+  """The model's log-probabilities over one left-padded prompt [1, T]: `raw_logprobs` of
+  each token given the tokens before it, for tokens 1..T-1 ([T-1] and [T-1, MAX_LOGPROBS]
+  ids and log-probabilities; the padding's entries are meaningless).
+
+  The vocabulary projection runs `chunk` positions at a time, so a long prompt never
+  holds [T, vocab] logits at once.
+  """
+  with sharding_lib.axis_rules(rules):
+    model, hidden = _prompt_forward(unstacked, rest, layers, tokens, length)
+    t = tokens.shape[1]
+    c = math.gcd(t, chunk)
+    hidden = hidden[0].reshape(t // c, c, -1)
+    # Position p scores token p + 1; the last position's (wrapped) target is dropped.
+    targets = jnp.roll(tokens[0], -1).reshape(t // c, c)
+
+    def one(args):
+      h, target = args
+      return sampling_lib.raw_logprobs(model.logits(h[None])[0], target)
+
+    chosen, ids, top = jax.lax.map(one, (hidden, targets))
+    return chosen.reshape(t)[:-1], ids.reshape(t, -1)[:-1], top.reshape(t, -1)[:-1]
 
 
 def insert(ks, vs, new_ks, new_vs, row, end):
@@ -159,8 +199,9 @@ def insert(ks, vs, new_ks, new_vs, row, end):
 def decode_step(rest, layers, ks, vs, end, row_start, last, positions, temperature, top_p,
                 top_k, seeds, counters, *, unstacked: Unstacked, rules):
   """One decode step for the first `n = len(row_start)` rows (per-row sampling settings
-  and PRNG streams); returns the caches, their new tokens [n] and the tokens'
-  log-probabilities [n] (`sampling.sample_rows`).
+  and PRNG streams); returns the caches, their new tokens [n], the tokens'
+  log-probabilities [n] (`sampling.sample_rows`) and their `sampling.raw_logprobs`
+  ([n] and the top [n, MAX_LOGPROBS] ids and log-probabilities).
 
   Only those rows are computed: with few requests live, a step costs what
   their rows cost, not the whole cache's.
@@ -190,9 +231,9 @@ def decode_step(rest, layers, ks, vs, end, row_start, last, positions, temperatu
     x = _layers_forward(unstacked, layers, model.embed_tokens(last[:, None]), cos, sin, attend)
     hidden = model.final_norm(x)
     keys = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(seeds, counters)
-    new, logp = sampling_lib.sample_rows(model.logits(hidden)[:, 0], keys, temperature,
-                                         top_p, top_k)
-    return new_ks, new_vs, new, logp
+    logits = model.logits(hidden)[:, 0]
+    new, logp = sampling_lib.sample_rows(logits, keys, temperature, top_p, top_k)
+    return new_ks, new_vs, new, logp, sampling_lib.raw_logprobs(logits, new)
 
 
 def relayout(ks, vs, shift, *, length: int):

@@ -1,4 +1,4 @@
-"""One engine row's output as it streams: token ids in, text updates out.
+"""One engine request and its row's output as it streams: token ids in, text updates out.
 
 A row ends at a stop id (EOS, a one-token stop string), at a stop string in
 its text (cut there, and its ids cut to the shortest prefix holding it) or
@@ -9,20 +9,85 @@ character still being decoded, is held back until it is known not to be.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
+
+import numpy as np
 
 from helpsteer_jax.data.template import END_OF_TURN
 
 
 @dataclasses.dataclass
+class TokenLogprobs:
+  """The model's own log-probabilities of T tokens (`sampling.raw_logprobs`): each token's
+  `chosen` [T], and the most likely ids `top_ids` and their log-probabilities `top`
+  [T, MAX_LOGPROBS], most likely first."""
+
+  chosen: np.ndarray
+  top_ids: np.ndarray
+  top: np.ndarray
+
+  @classmethod
+  def concat(cls, parts: Sequence["TokenLogprobs"], length: int) -> "TokenLogprobs":
+    """The first `length` tokens of `parts` joined."""
+    return cls(*(np.concatenate([getattr(p, f) for p in parts])[:length]
+                 for f in ("chosen", "top_ids", "top")))
+
+
+@dataclasses.dataclass
 class Update:
   """New text since the last update; `finish_reason` ("stop" / "length" / "error") and
-  the final `text` on the last one. `completion_tokens` counts tokens so far."""
+  the final `text` on the last one, with the completion's `token_ids` and their `raw`
+  log-probabilities. `completion_tokens` counts tokens so far."""
 
   delta: str
   completion_tokens: int
   finish_reason: str | None = None
   text: str = ""
+  token_ids: list[int] | None = None
+  raw: TokenLogprobs | None = None
+
+
+@dataclasses.dataclass
+class DecodeRequest:
+  """One completion to generate. `stop_strings` end it (and are cut from the
+  text) besides the engine's stop ids; `on_update(update)`, if given, is
+  called from the scheduler with each piece of new text. `top_k = 0` and
+  `top_p = 1` are off; `temperature = 0` is greedy."""
+
+  prompt_ids: Sequence[int]
+  max_tokens: int
+  on_update: Callable[[Update], None] | None = None
+  temperature: float = 0.0
+  top_p: float = 1.0
+  top_k: int = 0
+  seed: int = 0
+  stop_strings: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass
+class Output:
+  """A finished request: its token ids (through the stop token or the token that
+  completed a stop string), each one's log-probability under the distribution it
+  was drawn from, the text (stop strings and EOS cut), "stop" / "length", and the
+  tokens' log-probabilities under the model's own distribution (`raw`)."""
+
+  token_ids: list[int]
+  logprobs: list[float]
+  text: str
+  finish_reason: str
+  raw: TokenLogprobs
+
+
+class Handle:
+  """A submitted request; `cancel()` frees its row at the next chunk boundary."""
+
+  def __init__(self, request: DecodeRequest):
+    self.request = request
+    self.cancelled = False
+    self.output: Output | None = None  # set when it finishes
+
+  def cancel(self) -> None:
+    self.cancelled = True
 
 
 def cut_at_stop(text: str, stop_strings: Sequence[str]) -> tuple[str, bool]:

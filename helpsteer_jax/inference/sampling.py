@@ -17,6 +17,8 @@ import jax.numpy as jnp
 
 from helpsteer_jax.errors import ConfigError
 
+MAX_LOGPROBS = 20  # the most likely alternatives reported per token (vLLM's default cap)
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
@@ -129,3 +131,13 @@ def sample_rows(logits: jax.Array, keys: jax.Array, temperature: jax.Array,
 
   return jax.lax.cond(jnp.any(temperature > 0), sample,
                       lambda: (greedy, pick(jax.nn.log_softmax(logits), greedy)))
+
+
+def raw_logprobs(logits: jax.Array, tokens: jax.Array, k: int = MAX_LOGPROBS
+                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The model's own log-probabilities (log_softmax of the logits, before temperature and
+  filters, as vLLM's default `raw_logprobs`) of logits [batch, vocab]: of `tokens` [batch],
+  and the `k` most likely ids and their log-probabilities [batch, k] each."""
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  top, ids = jax.lax.top_k(logp, min(k, logp.shape[-1]))
+  return jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0], ids.astype(jnp.int32), top

@@ -27,6 +27,7 @@ from helpsteer_jax.data import template
 from helpsteer_jax.inference import engine as engine_lib
 from helpsteer_jax.inference import steering
 from helpsteer_jax.scoring import rewards as rewards_lib
+from helpsteer_jax.serve import completions as completions_lib
 from helpsteer_jax.serve import playground, protocol
 from helpsteer_jax.serve.backend import AttributeModel, CompileCounter, Policy
 
@@ -58,6 +59,7 @@ class _Job:
   seeds: list[int]
   stop_strings: tuple[str, ...]
   chat: bool
+  echo: str = ""  # text shown before each choice's (completions' `echo`)
 
 
 def _parse(model: type[pydantic.BaseModel], raw: bytes) -> Any:
@@ -77,6 +79,8 @@ def create_app(policy: Policy, settings: Settings, attribute_model: AttributeMod
                compiles: CompileCounter | None = None) -> fastapi.FastAPI:
   """The API over a started engine (stopped, draining its rows, at shutdown)."""
   engine = policy.engine
+  vocab = min(len(policy.tokenizer), engine.cfg.vocab_size)
+  token_text = completions_lib.token_texts(policy.tokenizer)
 
   async def lifespan(app):
     yield
@@ -108,7 +112,7 @@ def create_app(policy: Policy, settings: Settings, attribute_model: AttributeMod
       raise protocol.ApiError(f"the model {name!r} does not exist; this server serves"
                               f" {settings.model_name!r}", param="model", code="model_not_found")
 
-  def job(req, prompt_ids: list[int], chat: bool) -> _Job:
+  def job(req, prompt_ids: list[int], chat: bool, echo: str = "") -> _Job:
     check_model(req.model)
     if req.n > settings.max_n:
       raise protocol.ApiError(f"n={req.n} is above this server's limit {settings.max_n}",
@@ -129,35 +133,52 @@ def create_app(policy: Policy, settings: Settings, attribute_model: AttributeMod
           f" this model's context length {engine.max_length}", param="max_tokens",
           code="context_length_exceeded")
     seed = random.getrandbits(31) if req.seed is None else req.seed
-    return _Job(prompt_ids, asked or min(settings.max_tokens, room),
+    return _Job(prompt_ids, min(settings.max_tokens, room) if asked is None else asked,
                 settings.temperature if req.temperature is None else req.temperature,
                 settings.top_p if req.top_p is None else req.top_p,
-                [(seed + i) % 2**32 for i in range(req.n)], req.stop_strings(), chat)
+                [(seed + i) % 2**32 for i in range(req.n)], req.stop_strings(), chat, echo)
 
-  def submit(j: _Job) -> tuple[asyncio.Queue, list[engine_lib.Handle]]:
+  def choices(jobs: list[_Job]) -> list[_Job]:
+    """Each choice's job: prompt i's sample j is choice i * n + j (OpenAI's numbering)."""
+    return [j for j in jobs for _ in j.seeds]
+
+  def submit(jobs: list[_Job]) -> tuple[asyncio.Queue, list[engine_lib.Handle | None]]:
+    """Every choice's row (None for a job generating nothing); (choice, update)s arrive
+    on the queue."""
     loop, updates = asyncio.get_running_loop(), asyncio.Queue()
     handles = []
     try:
-      for i, seed in enumerate(j.seeds):
-        put = lambda u, i=i: loop.call_soon_threadsafe(updates.put_nowait, (i, u))
-        handles.append(engine.submit(engine_lib.DecodeRequest(
-            prompt_ids=j.prompt_ids, max_tokens=j.max_tokens, on_update=put,
-            temperature=j.temperature, top_p=j.top_p, seed=seed,
-            stop_strings=j.stop_strings)))
+      for j in jobs:
+        for seed in j.seeds:
+          i = len(handles)
+          if j.max_tokens == 0:
+            handles.append(None)
+            continue
+          put = lambda u, i=i: loop.call_soon_threadsafe(updates.put_nowait, (i, u))
+          handles.append(engine.submit(engine_lib.DecodeRequest(
+              prompt_ids=j.prompt_ids, max_tokens=j.max_tokens, on_update=put,
+              temperature=j.temperature, top_p=j.top_p, seed=seed,
+              stop_strings=j.stop_strings)))
     except RuntimeError as e:  # shutting down
-      for h in handles:
-        h.cancel()
+      cancel(handles)
       raise protocol.ApiError(str(e), 503, kind="server_error") from None
     return updates, handles
+
+  def cancel(handles: list[engine_lib.Handle | None]) -> None:
+    for h in handles:
+      if h is not None:
+        h.cancel()
 
   def final_text(j: _Job, u: engine_lib.Update) -> str:
     if u.finish_reason == "error":
       raise protocol.ApiError(f"generation failed: {u.text}", 500, kind="server_error")
     return steering.response_text(u.text, u.finish_reason) if j.chat else u.text
 
-  async def collect(j: _Job, request: fastapi.Request) -> list[engine_lib.Update] | None:
-    updates, handles = submit(j)
-    finals: dict[int, engine_lib.Update] = {}
+  async def collect(jobs: list[_Job], request: fastapi.Request
+                    ) -> list[engine_lib.Update] | None:
+    """Every choice's final update (None if the client went away)."""
+    updates, handles = submit(jobs)
+    finals = {i: engine_lib.Update("", 0, "length") for i, h in enumerate(handles) if h is None}
     try:
       while len(finals) < len(handles):
         try:
@@ -169,21 +190,28 @@ def create_app(policy: Policy, settings: Settings, attribute_model: AttributeMod
         if u.finish_reason:
           finals[i] = u
     finally:
-      for h in handles:
-        h.cancel()
+      cancel(handles)
     return [finals[i] for i in range(len(handles))]
 
-  async def stream(j: _Job, include_usage: bool) -> AsyncIterator[str]:
-    writer = protocol.ChunkWriter(settings.model_name, j.chat)
-    updates, handles = submit(j)
+  async def stream(jobs: list[_Job], include_usage: bool) -> AsyncIterator[str]:
+    chat = jobs[0].chat
+    writer = protocol.ChunkWriter(settings.model_name, chat)
+    updates, handles = submit(jobs)
+    of = choices(jobs)
     shown = [""] * len(handles)
     done, tokens = 0, 0
     try:
-      if j.chat:
-        for i in range(len(handles)):
+      for i, (j, h) in enumerate(zip(of, handles)):
+        if chat:
           yield _event(writer.chunk(i, "", role=True))
+        if j.echo:
+          yield _event(writer.chunk(i, j.echo))
+        if h is None:
+          yield _event(writer.chunk(i, "", "length"))
+          done += 1
       while done < len(handles):
         i, u = await updates.get()
+        j = of[i]
         if u.finish_reason == "error":
           yield _event(protocol.ApiError(f"generation failed: {u.text}", 500,
                                          kind="server_error").body())
@@ -199,22 +227,28 @@ def create_app(policy: Policy, settings: Settings, attribute_model: AttributeMod
         if u.finish_reason:
           yield _event(writer.chunk(i, None if j.chat else "", u.finish_reason))
       if include_usage:
-        yield _event(writer.chunk(None, None, usage_=protocol.usage(len(j.prompt_ids), tokens)))
+        yield _event(writer.chunk(None, None, usage_=protocol.usage(prompt_tokens(jobs),
+                                                                    tokens)))
       yield "data: [DONE]\n\n"
     finally:  # also when the client went away: free its rows
-      for h in handles:
-        h.cancel()
+      cancel(handles)
 
-  async def respond(j: _Job, req, request: fastapi.Request, make) -> Response:
+  def prompt_tokens(jobs: list[_Job]) -> int:
+    return sum(len(j.prompt_ids) for j in jobs)
+
+  def streamed(req, jobs: list[_Job]) -> Response:
+    include = bool(req.stream_options and req.stream_options.include_usage)
+    return StreamingResponse(stream(jobs, include), media_type="text/event-stream")
+
+  async def respond(j: _Job, req, request: fastapi.Request) -> Response:
     if req.stream:
-      include = bool(req.stream_options and req.stream_options.include_usage)
-      return StreamingResponse(stream(j, include), media_type="text/event-stream")
-    finals = await collect(j, request)
+      return streamed(req, [j])
+    finals = await collect([j], request)
     if finals is None:
       return Response(status_code=499)  # the client closed the connection
     texts = [(final_text(j, u), u.finish_reason) for u in finals]
-    return JSONResponse(make(settings.model_name, texts, len(j.prompt_ids),
-                             sum(u.completion_tokens for u in finals)))
+    return JSONResponse(protocol.chat_response(settings.model_name, texts, len(j.prompt_ids),
+                                               sum(u.completion_tokens for u in finals)))
 
   @app.get("/v1/models")
   async def models():
@@ -232,13 +266,46 @@ def create_app(policy: Policy, settings: Settings, attribute_model: AttributeMod
     j = job(req, policy.encode(prompt), chat=True)
     logging.info("chat: stream=%s n=%d prompt_tokens=%d max_tokens=%d attributes=%s",
                  req.stream, req.n, len(j.prompt_ids), j.max_tokens, label)
-    return await respond(j, req, request, protocol.chat_response)
+    return await respond(j, req, request)
 
   @app.post("/v1/completions")
   async def completions(request: fastapi.Request):
     req = _parse(protocol.CompletionRequest, await request.body())
-    j = job(req, policy.encode(req.prompt), chat=False)
-    return await respond(j, req, request, protocol.completion_response)
+    check_model(req.model)
+    if req.max_tokens == 0 and not req.echo:
+      raise protocol.ApiError("max_tokens=0 generates nothing: give echo=true to score the"
+                              " prompt, or max_tokens >= 1", param="max_tokens")
+    if req.stream and req.logprobs is not None:
+      raise protocol.ApiError("logprobs with stream is not supported", param="logprobs")
+    prompts = completions_lib.prompts(req.prompt, policy.encode_plain, policy.decode,
+                                      vocab)
+    jobs = [job(req, ids, chat=False, echo=text if req.echo else "") for ids, text in prompts]
+    logging.info("completions: stream=%s prompts=%d n=%d prompt_tokens=%d max_tokens=%d"
+                 " echo=%s logprobs=%s", req.stream, len(jobs), req.n, prompt_tokens(jobs),
+                 jobs[0].max_tokens, req.echo, req.logprobs)
+    if req.stream:
+      return streamed(req, jobs)
+    scores = [None] * len(jobs)
+    if req.echo and req.logprobs is not None:
+      try:
+        scores = [asyncio.wrap_future(engine.score(j.prompt_ids)) for j in jobs]
+      except RuntimeError as e:  # shutting down
+        raise protocol.ApiError(str(e), 503, kind="server_error") from None
+    finals = await collect(jobs, request)
+    scores = [s if s is None else await s for s in scores]
+    if finals is None:
+      return Response(status_code=499)
+    of, score_of = choices(jobs), [s for s, j in zip(scores, jobs) for _ in j.seeds]
+    texts = [(j.echo + final_text(j, u), u.finish_reason) for j, u in zip(of, finals)]
+    logprobs = None
+    if req.logprobs is not None:
+      logprobs = [completions_lib.logprobs_object(
+          req.logprobs, token_text,
+          ([(j.prompt_ids, s)] if req.echo else []) + ([(u.token_ids, u.raw)] if u.raw else []))
+          for j, u, s in zip(of, finals, score_of)]
+    return JSONResponse(protocol.completion_response(
+        settings.model_name, texts, prompt_tokens(jobs),
+        sum(u.completion_tokens for u in finals), logprobs))
 
   @app.post("/v1/rewards")
   async def rewards(request: fastapi.Request):

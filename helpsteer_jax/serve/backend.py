@@ -52,11 +52,19 @@ def default_attributes(config: ml_collections.ConfigDict) -> dict[str, int]:
 
 @dataclasses.dataclass
 class Policy:
-  """The engine and how text becomes its prompt ids."""
+  """The engine and how text becomes its prompt ids and back."""
 
   engine: Engine
   tokenizer: Any
-  encode: Callable[[str], list[int]]
+  encode: Callable[[str], list[int]]  # a chat prompt (config.add_bos)
+
+  def encode_plain(self, text: str) -> list[int]:
+    """`text` as the tokenizer itself encodes it, with its own special tokens (a BOS only
+    where it adds one): a completions prompt, as other servers encode it."""
+    return list(self.tokenizer(text)["input_ids"])
+
+  def decode(self, ids: list[int]) -> str:
+    return self.tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def load_policy(config: ml_collections.ConfigDict, rt: runtime.Runtime,

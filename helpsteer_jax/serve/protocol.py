@@ -18,6 +18,7 @@ import pydantic
 from helpsteer_jax.data import template
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.inference import steering
+from helpsteer_jax.inference.sampling import MAX_LOGPROBS
 
 MAX_STOP_STRINGS = 4  # as OpenAI's API
 
@@ -103,7 +104,12 @@ class ChatRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-  prompt: str = pydantic.Field(min_length=1)
+  # A string, a list of strings, a list of token ids or a list of such lists: checked by
+  # `completions.prompts`, which names the form that is wrong.
+  prompt: Any
+  max_tokens: int | None = pydantic.Field(None, ge=0)  # 0: with echo, only score the prompt
+  echo: bool = False
+  logprobs: int | None = pydantic.Field(None, ge=0, le=MAX_LOGPROBS)
 
 
 class RewardItem(_Strict):
@@ -189,12 +195,14 @@ def chat_response(model: str, texts: list[tuple[str, str]], prompt_tokens: int,
 
 
 def completion_response(model: str, texts: list[tuple[str, str]], prompt_tokens: int,
-                        completion_tokens: int) -> dict:
-  """`text_completion`: one choice per (text, finish_reason)."""
+                        completion_tokens: int, logprobs: list[dict | None] | None = None
+                        ) -> dict:
+  """`text_completion`: one choice per (text, finish_reason), with its `logprobs` object."""
   rid, created = _ids("cmpl")
+  logprobs = logprobs or [None] * len(texts)
   return {"id": rid, "object": "text_completion", "created": created, "model": model,
-          "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": finish}
-                      for i, (text, finish) in enumerate(texts)],
+          "choices": [{"index": i, "text": text, "logprobs": lp, "finish_reason": finish}
+                      for i, ((text, finish), lp) in enumerate(zip(texts, logprobs))],
           "usage": usage(prompt_tokens, completion_tokens)}
 
 
