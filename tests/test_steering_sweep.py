@@ -184,7 +184,7 @@ class CountingGenerator:
   def complete(self, texts, max_new_tokens, sampling=None, seed=0):
     self.inputs += texts
     return [Output([7, 8], [0.0, 0.0], f"answer {len(self.inputs) - len(texts) + k} (seed {seed})",
-                   "stop") for k in range(len(texts))]
+                   "stop", None) for k in range(len(texts))]
 
 
 def test_a_label_two_sweeps_share_is_generated_once_and_resumes(tmp_path):
