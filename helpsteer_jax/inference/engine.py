@@ -144,10 +144,14 @@ class Engine:
                           out_shardings=self._replicated)
     self._insert = jax.jit(functools.partial(engine_steps.insert), donate_argnums=(0, 1),
                            out_shardings=(caches, caches))
+    step_outputs = (caches, caches, self._replicated, self._replicated, self._replicated)
     self._decode = jax.jit(functools.partial(engine_steps.decode_step, **static),
-                           donate_argnums=(2, 3),
-                           out_shardings=(caches, caches, self._replicated, self._replicated,
-                                          self._replicated))
+                           donate_argnums=(2, 3), out_shardings=step_outputs)
+    # Fewer rows than the buffers hold: the step only reads them, `_write` updates them.
+    self._decode_rows = jax.jit(functools.partial(engine_steps.decode_step, **static),
+                                out_shardings=step_outputs)
+    self._write = jax.jit(functools.partial(engine_steps.write_slot), donate_argnums=(0, 1),
+                          out_shardings=(caches, caches))
     # Not donated: a resize cannot reuse its input buffers, and re-layouts are rare.
     self._relayout = jax.jit(functools.partial(engine_steps.relayout), static_argnames="length",
                              out_shardings=(caches, caches))
@@ -179,7 +183,8 @@ class Engine:
   def compiled_variants(self) -> int:
     """Compiled variants of the engine's functions (fixed after `warm_up`)."""
     return sum(f._cache_size() for f in (self._prefill, self._first, self._insert,
-                                         self._decode, self._relayout, self._score))
+                                         self._decode, self._decode_rows, self._write,
+                                         self._relayout, self._score))
 
   def warm_up(self) -> None:
     """Compiles every prompt bucket's prefill and scoring, every (rows, slots) decode step,
@@ -437,9 +442,16 @@ class Engine:
     tokens, logprobs, raws = [], [], []
     with jax.set_mesh(self.mesh):
       for i in range(self.chunk_steps):
-        self.k, self.v, last, logp, raw = self._decode(
-            self.rest, self.layers, self.k, self.v, np.int32(self.end + i), row_start, last,
-            self.positions[:n] + i, temperature, top_p, top_k, seeds, self.counters[:n] + i)
+        end = np.int32(self.end + i)
+        args = (row_start, last, self.positions[:n] + i, temperature, top_p, top_k, seeds,
+                self.counters[:n] + i)
+        if n == self.max_batch:
+          self.k, self.v, last, logp, raw = self._decode(self.rest, self.layers, self.k,
+                                                         self.v, end, *args)
+        else:
+          new_k, new_v, last, logp, raw = self._decode_rows(self.rest, self.layers, self.k,
+                                                            self.v, end, *args)
+          self.k, self.v = self._write(self.k, self.v, new_k, new_v, end)
         tokens.append(last)
         logprobs.append(logp)
         raws.append(raw)

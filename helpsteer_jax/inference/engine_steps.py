@@ -199,12 +199,16 @@ def insert(ks, vs, new_ks, new_vs, row, end):
 def decode_step(rest, layers, ks, vs, end, row_start, last, positions, temperature, top_p,
                 top_k, seeds, counters, *, unstacked: Unstacked, rules):
   """One decode step for the first `n = len(row_start)` rows (per-row sampling settings
-  and PRNG streams); returns the caches, their new tokens [n], the tokens'
-  log-probabilities [n] (`sampling.sample_rows`) and their `sampling.raw_logprobs`
-  ([n] and the top [n, MAX_LOGPROBS] ids and log-probabilities).
+  and PRNG streams); returns the caches' new keys and values and, for those rows, the
+  new tokens [n], their log-probabilities [n] (`sampling.sample_rows`) and their
+  `sampling.raw_logprobs` ([n] and the top [n, MAX_LOGPROBS] ids and log-probabilities).
 
   Only those rows are computed: with few requests live, a step costs what
-  their rows cost, not the whole cache's.
+  their rows cost, not the whole cache's. With every row (n = rows) the new
+  slot is written into the buffers in place and the caches are returned;
+  with fewer, the buffers are only read and the step returns the new slot's
+  per-layer keys and values [n, K, 1, D] for `write_slot`: reading a slice of
+  rows of a buffer the same program updates made XLA copy every buffer.
   """
   with sharding_lib.axis_rules(rules):
     model = unstacked.model(rest, layers)
@@ -217,15 +221,15 @@ def decode_step(rest, layers, ks, vs, end, row_start, last, positions, temperatu
     new_ks, new_vs = list(ks), list(vs)
 
     def attend(i, attn, q, k, v, window):
-      # The new slot goes straight into the whole buffer (in place), and attention
-      # reads the first n rows of it: updating a slice of rows and writing the
-      # slice back made XLA copy the whole buffer every step.
       at = (zero, zero, end, zero)
-      new_ks[i] = jax.lax.dynamic_update_slice(ks[i], _heads_first(k, ks[i].dtype), at)
-      new_vs[i] = jax.lax.dynamic_update_slice(vs[i], _heads_first(v, vs[i].dtype), at)
-      k_cache, v_cache = new_ks[i], new_vs[i]
+      k, v = _heads_first(k, ks[i].dtype), _heads_first(v, vs[i].dtype)
       if n < rows:
-        k_cache, v_cache = k_cache[:n], v_cache[:n]
+        new_ks[i], new_vs[i] = k, v
+        k_cache = jax.lax.dynamic_update_slice(ks[i][:n], k, at)
+        v_cache = jax.lax.dynamic_update_slice(vs[i][:n], v, at)
+      else:
+        new_ks[i] = k_cache = jax.lax.dynamic_update_slice(ks[i], k, at)
+        new_vs[i] = v_cache = jax.lax.dynamic_update_slice(vs[i], v, at)
       return attention_lib.cached_attention(q, k_cache, v_cache, info, **attn.knobs(window))
 
     x = _layers_forward(unstacked, layers, model.embed_tokens(last[:, None]), cos, sin, attend)
@@ -234,6 +238,15 @@ def decode_step(rest, layers, ks, vs, end, row_start, last, positions, temperatu
     logits = model.logits(hidden)[:, 0]
     new, logp = sampling_lib.sample_rows(logits, keys, temperature, top_p, top_k)
     return new_ks, new_vs, new, logp, sampling_lib.raw_logprobs(logits, new)
+
+
+def write_slot(ks, vs, new_ks, new_vs, end):
+  """Writes a step's per-layer keys and values of the first n rows ([n, K, 1, D]) into
+  slot `end` of the buffers (in place when they are donated)."""
+  zero = jnp.zeros((), jnp.int32)
+  at = (zero, zero, end, zero)
+  return ([jax.lax.dynamic_update_slice(k, n, at) for k, n in zip(ks, new_ks)],
+          [jax.lax.dynamic_update_slice(v, n, at) for v, n in zip(vs, new_vs)])
 
 
 def relayout(ks, vs, shift, *, length: int):
