@@ -147,8 +147,9 @@ class Engine:
     step_outputs = (caches, caches, self._replicated, self._replicated, self._replicated)
     self._decode = jax.jit(functools.partial(engine_steps.decode_step, **static),
                            donate_argnums=(2, 3), out_shardings=step_outputs)
-    # Fewer rows than the buffers hold: the step only reads them, `_write` updates them.
-    self._decode_rows = jax.jit(functools.partial(engine_steps.decode_step, **static),
+    # 1 < rows < max_batch: the step only reads the buffers, `_write` updates them.
+    self._decode_rows = jax.jit(functools.partial(engine_steps.decode_step, **static,
+                                                  in_place=False),
                                 out_shardings=step_outputs)
     self._write = jax.jit(functools.partial(engine_steps.write_slot), donate_argnums=(0, 1),
                           out_shardings=(caches, caches))
@@ -445,7 +446,7 @@ class Engine:
         end = np.int32(self.end + i)
         args = (row_start, last, self.positions[:n] + i, temperature, top_p, top_k, seeds,
                 self.counters[:n] + i)
-        if n == self.max_batch:
+        if n in (1, self.max_batch):
           self.k, self.v, last, logp, raw = self._decode(self.rest, self.layers, self.k,
                                                          self.v, end, *args)
         else:

@@ -197,18 +197,19 @@ def insert(ks, vs, new_ks, new_vs, row, end):
 
 
 def decode_step(rest, layers, ks, vs, end, row_start, last, positions, temperature, top_p,
-                top_k, seeds, counters, *, unstacked: Unstacked, rules):
+                top_k, seeds, counters, *, unstacked: Unstacked, rules, in_place: bool = True):
   """One decode step for the first `n = len(row_start)` rows (per-row sampling settings
   and PRNG streams); returns the caches' new keys and values and, for those rows, the
   new tokens [n], their log-probabilities [n] (`sampling.sample_rows`) and their
   `sampling.raw_logprobs` ([n] and the top [n, MAX_LOGPROBS] ids and log-probabilities).
 
   Only those rows are computed: with few requests live, a step costs what
-  their rows cost, not the whole cache's. With every row (n = rows) the new
-  slot is written into the buffers in place and the caches are returned;
-  with fewer, the buffers are only read and the step returns the new slot's
-  per-layer keys and values [n, K, 1, D] for `write_slot`: reading a slice of
-  rows of a buffer the same program updates made XLA copy every buffer.
+  their rows cost, not the whole cache's. `in_place`: the new slot is written
+  into the buffers and the caches are returned; otherwise the buffers are
+  only read and the step returns the new slot's per-layer keys and values
+  [n, K, 1, D] for `write_slot`. For 1 < n < rows, reading a slice of rows of
+  a buffer the same program updates made XLA copy every buffer (for one row
+  it did not, and one call per step is cheaper).
   """
   with sharding_lib.axis_rules(rules):
     model = unstacked.model(rest, layers)
@@ -223,13 +224,15 @@ def decode_step(rest, layers, ks, vs, end, row_start, last, positions, temperatu
     def attend(i, attn, q, k, v, window):
       at = (zero, zero, end, zero)
       k, v = _heads_first(k, ks[i].dtype), _heads_first(v, vs[i].dtype)
-      if n < rows:
+      if not in_place:
         new_ks[i], new_vs[i] = k, v
         k_cache = jax.lax.dynamic_update_slice(ks[i][:n], k, at)
         v_cache = jax.lax.dynamic_update_slice(vs[i][:n], v, at)
       else:
         new_ks[i] = k_cache = jax.lax.dynamic_update_slice(ks[i], k, at)
         new_vs[i] = v_cache = jax.lax.dynamic_update_slice(vs[i], v, at)
+        if n < rows:
+          k_cache, v_cache = k_cache[:n], v_cache[:n]
       return attention_lib.cached_attention(q, k_cache, v_cache, info, **attn.knobs(window))
 
     x = _layers_forward(unstacked, layers, model.embed_tokens(last[:, None]), cos, sin, attend)
