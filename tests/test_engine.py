@@ -18,7 +18,7 @@ import pytest
 from helpsteer_jax import sharding
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.inference import engine as engine_lib
-from helpsteer_jax.inference import generator, steering
+from helpsteer_jax.inference import engine_steps, generator, steering
 from helpsteer_jax.inference import sampling as sampling_lib
 from helpsteer_jax.models import builder, catalog, hf
 
@@ -103,7 +103,7 @@ def test_concurrent_greedy_equals_each_prompt_alone_and_compiles_nothing(setup):
   inserts = sum(length >= t + eng.chunk_steps for t in eng.buckets for length in eng.lengths)
   assert eng.compiled_variants == compiled == (  # prefill and scoring per prompt bucket
       2 * len(eng.buckets) + 1 + inserts
-      + sum(1 if n in (1, eng.max_batch) else 2  # else a read-only step and a write
+      + sum(1 if n == 1 or n % eng.row_block == 0 else 2  # else read-only + a write
             for n in eng.row_buckets) * len(eng.lengths)
       + len(eng.lengths) ** 2)
   assert COMPILES.count == compiles
@@ -128,7 +128,8 @@ def test_sample_rows_matches_the_static_sampler():
   config = sampling_lib.SamplingConfig(temperature=0.7, top_p=0.5)
   mixed, _ = sampling_lib.sample_rows(logits, keys, np.asarray([0.0, 0.7, 0.0], np.float32),
                                    np.asarray([1.0, 0.5, 1.0], np.float32))
-  alone = sampling_lib.next_token(logits[1:2], keys[1], config)
+  alone = sampling_lib.categorical(keys[1:2],
+                                  sampling_lib.filter_logits(logits[1:2], config))
   assert int(mixed[1]) == int(alone[0])
   assert int(mixed[0]) == int(greedy[0]) and int(mixed[2]) == int(greedy[2])
 
@@ -157,11 +158,12 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def batch_engine(setup):
-  """An engine driven by its batch API (no scheduler thread), 16 rows."""
+  """An engine driven by its batch API (no scheduler thread), 32 rows in two blocks."""
   gen, _ = setup
   model = builder.create(catalog.model_config("tiny", initializer_range=0.1), seed=0)
   mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
-  eng = generator.make_engine(model, mesh, gen.tokenizer, max_batch=16, max_length=96)
+  eng = generator.make_engine(model, mesh, gen.tokenizer, max_batch=32, max_length=96)
+  assert eng.row_block == 16 and eng.row_buckets == [1, 4, 16, 32]
   return model, eng
 
 
@@ -235,13 +237,29 @@ def test_raw_logprobs_and_prompt_scores_are_the_models(setup, batch_engine):
     eng.score([1] * 97)
 
 
-def test_greedy_is_the_same_alone_and_among_15_others(setup, batch_engine):
+def test_greedy_is_the_same_alone_and_among_15_or_20_others(setup, batch_engine):
+  """Among 15 others a row decodes in one block of rows; among 20, the rows span two
+  blocks (one step updates both in place) and the prompt sits in the second."""
   gen, _ = setup
   _, eng = batch_engine
   prompts = [gen.encode(_prompt(*PROMPTS[i % 4])) for i in range(16)]
-  others = [gen.encode(f"Question {i}: " + _prompt(*PROMPTS[(i + 1) % 4])) for i in range(15)]
-  for i in range(4):
+  others = [gen.encode(f"Question {i}: " + _prompt(*PROMPTS[(i + 1) % 4])) for i in range(20)]
+  for i, crowd_size in [(0, 15), (1, 15), (2, 20), (3, 20)]:
+    at = i if crowd_size == 15 else 18
     alone = eng.generate([engine_lib.DecodeRequest(prompt_ids=prompts[i], max_tokens=12)])[0]
     crowd = eng.generate([engine_lib.DecodeRequest(prompt_ids=p, max_tokens=12)
-                          for p in others[:i] + [prompts[i]] + others[i:]])[i]
+                          for p in others[:at] + [prompts[i]] + others[at:crowd_size]])[at]
     assert crowd.token_ids == alone.token_ids, i
+
+
+def test_row_buckets_hold_whole_blocks_and_bf16_on_cpu_starts_at_two_rows():
+  assert engine_steps.row_block(64) == 16 and engine_steps.row_block(24) == 24
+  assert engine_steps.row_block(64, batch_shards=2) == 64
+  assert engine_steps.row_buckets(64, 16) == [1, 4, 16, 64]
+  assert engine_steps.row_buckets(64, 16, first=2) == [2, 8, 16, 64]
+  assert engine_steps.row_buckets(128, 16) == [1, 4, 16, 64, 128]
+  assert engine_steps.row_buckets(24) == [1, 4, 16, 24]
+  assert engine_steps.row_buckets(1, first=2) == [1]
+  assert engine_steps.fewest_rows("bfloat16", "cpu") == 2
+  assert engine_steps.fewest_rows("bfloat16", "tpu") == engine_steps.fewest_rows(
+      "float32", "cpu") == 1

@@ -112,6 +112,34 @@ def test_samples_only_come_from_the_kept_tokens():
   np.testing.assert_array_equal(np.asarray(greedy), np.argmax(np.asarray(x), -1))
 
 
+@pytest.mark.parametrize("vocab", [50, 300])
+def test_categorical_draws_follow_the_softmax(vocab):
+  """The two-level inverse-CDF draw: frequencies within sampling error of softmax(logits)
+  (vocabularies shorter than and not a multiple of its block), -inf entries never drawn,
+  the same key giving the same token."""
+  rng = np.random.RandomState(vocab)
+  logits = rng.randn(2, vocab).astype(np.float32) * 2
+  logits[0, ::3] = -np.inf
+  logits[1, :vocab - 1] = -np.inf  # one token left: always drawn
+  draws = 40_000
+  keys = jax.random.split(jax.random.key(1), draws * 2).reshape(draws, 2)
+  got = np.asarray(jax.jit(jax.vmap(sampling.categorical, (0, None)))(
+      keys, jnp.asarray(logits)))
+  probs = np.exp(logits[0] - logits[0][np.isfinite(logits[0])].max())
+  probs /= probs.sum()
+  freq = np.bincount(got[:, 0], minlength=vocab) / draws
+  assert freq[::3].sum() == 0
+  np.testing.assert_allclose(freq, probs, atol=4 * np.sqrt(probs.max() / draws))
+  assert set(got[:, 1].tolist()) == {vocab - 1}
+  again = jax.vmap(sampling.categorical, (0, None))(keys[:5], jnp.asarray(logits))
+  np.testing.assert_array_equal(np.asarray(again), got[:5])
+
+
+def test_argmax_takes_the_first_maximum():
+  x = jnp.asarray([[1.0, 3.0, 3.0, -jnp.inf], [0.0, 0.0, 0.0, 0.0], [-1.0, -5.0, 2.0, 2.0]])
+  np.testing.assert_array_equal(np.asarray(sampling.argmax(x)), [1, 0, 2])
+
+
 @pytest.mark.parametrize("bad", [dict(temperature=-1.0), dict(top_k=-2), dict(top_p=0.0),
                                  dict(top_p=1.5)])
 def test_invalid_settings_are_config_errors(bad):

@@ -110,8 +110,12 @@ class Engine:
     # A batch-sharded cache decodes all its rows (a row prefix is not local to any
     # shard), and rows are handed out round-robin over the shards so that every
     # process's devices decode their share.
-    self.row_buckets = (engine_steps.row_buckets(max_batch) if self.batch_shards == 1
-                        else [max_batch])
+    self.row_block = engine_steps.row_block(max_batch, self.batch_shards)
+    platform = mesh.devices.flat[0].platform
+    first = engine_steps.fewest_rows(cfg.compute_dtype, platform)
+    self.cache_dtype = cfg.compute_dtype
+    self.row_buckets = (engine_steps.row_buckets(max_batch, self.row_block, first)
+                        if self.batch_shards == 1 else [max_batch])
     per_shard = max_batch // self.batch_shards
     self.row_order = [s * per_shard + j for j in range(per_shard)
                       for s in range(self.batch_shards)]
@@ -121,10 +125,9 @@ class Engine:
     # Fixed output shardings: every call sees inputs laid out as the last one left them,
     # so a layout never keys a new compile.
     cache = engine_steps.cache_sharding(mesh, rules)
-    caches = [cache] * cfg.num_layers
     self.local_row = np.zeros(max_batch, bool)
     for index in cache.addressable_devices_indices_map(
-        (max_batch, cfg.num_kv_heads, 1, cfg.head_dim)).values():
+        (self.row_block, cfg.num_kv_heads, 1, cfg.head_dim)).values():
       self.local_row[index[0]] = True
     self.local_rows = 0  # requests admitted into rows this process's devices hold
     self._replicated = NamedSharding(mesh, PartitionSpec())
@@ -133,7 +136,7 @@ class Engine:
     prompt_caches = [engine_steps.cache_sharding(mesh, one_row)] * cfg.num_layers
     self._prefill = jax.jit(
         functools.partial(engine_steps.prefill, unstacked=unstacked, rules=one_row,
-                          cache_dtype=cfg.compute_dtype),
+                          cache_dtype=self.cache_dtype),
         out_shardings=(prompt_caches, prompt_caches) + (self._replicated,) * 4)
     self._score = jax.jit(functools.partial(engine_steps.score, unstacked=unstacked,
                                             rules=one_row),
@@ -143,22 +146,22 @@ class Engine:
     self._first = jax.jit(functools.partial(engine_steps.first_token),
                           out_shardings=self._replicated)
     self._insert = jax.jit(functools.partial(engine_steps.insert), donate_argnums=(0, 1),
-                           out_shardings=(caches, caches))
-    step_outputs = (caches, caches, self._replicated, self._replicated, self._replicated)
+                           out_shardings=(cache, cache))
+    step_outputs = (cache, cache, self._replicated, self._replicated, self._replicated)
     self._decode = jax.jit(functools.partial(engine_steps.decode_step, **static),
                            donate_argnums=(2, 3), out_shardings=step_outputs)
-    # 1 < rows < max_batch: the step only reads the buffers, `_write` updates them.
+    # 1 < rows < row_block: the step only reads the buffers, `_write` updates them.
     self._decode_rows = jax.jit(functools.partial(engine_steps.decode_step, **static,
                                                   in_place=False),
                                 out_shardings=step_outputs)
     self._write = jax.jit(functools.partial(engine_steps.write_slot), donate_argnums=(0, 1),
-                          out_shardings=(caches, caches))
+                          out_shardings=(cache, cache))
     # Not donated: a resize cannot reuse its input buffers, and re-layouts are rare.
     self._relayout = jax.jit(functools.partial(engine_steps.relayout), static_argnames="length",
-                             out_shardings=(caches, caches))
+                             out_shardings=(cache, cache))
     self.length = self.lengths[0]
-    self.k, self.v = engine_steps.empty_caches(cfg, max_batch, self.length, cfg.compute_dtype,
-                                               cache)
+    self.k, self.v = engine_steps.empty_caches(cfg, max_batch, self.row_block, self.length,
+                                               self.cache_dtype, cache)
     self.end = 0  # the shared write slot
     self.rows: list[_Row | None] = [None] * max_batch
     self.row_start = np.full(max_batch, _NOTHING, np.int32)
@@ -396,8 +399,12 @@ class Engine:
                          np.uint32(seed))
 
   def _run_insert(self, ks, vs, row: int) -> None:
+    j, r = divmod(row, self.row_block)
     with jax.set_mesh(self.mesh):
-      self.k, self.v = self._insert(self.k, self.v, ks, vs, np.int32(row), np.int32(self.end))
+      new_k, new_v = self._insert([k[j] for k in self.k], [v[j] for v in self.v], ks, vs,
+                                  np.int32(r), np.int32(self.end))
+    for layer, (k, v) in enumerate(zip(new_k, new_v)):
+      self.k[layer][j], self.v[layer][j] = k, v
 
   def _admit(self, newcomers: list[Handle], free: list[int]) -> None:
     """Prefills the newcomers into the free rows; requests with the same prompt (the n
@@ -440,22 +447,25 @@ class Engine:
     last = jax.device_put(self.last[:n], self._replicated)
     row_start, temperature, top_p, top_k, seeds = (a[:n] for a in (
         self.row_start, self.temperature, self.top_p, self.top_k, self.seeds))
+    blocks = -(-n // self.row_block)
+    ks, vs = [k[:blocks] for k in self.k], [v[:blocks] for v in self.v]
     tokens, logprobs, raws = [], [], []
     with jax.set_mesh(self.mesh):
       for i in range(self.chunk_steps):
         end = np.int32(self.end + i)
         args = (row_start, last, self.positions[:n] + i, temperature, top_p, top_k, seeds,
                 self.counters[:n] + i)
-        if n in (1, self.max_batch):
-          self.k, self.v, last, logp, raw = self._decode(self.rest, self.layers, self.k,
-                                                         self.v, end, *args)
+        if n == 1 or n % self.row_block == 0:
+          ks, vs, last, logp, raw = self._decode(self.rest, self.layers, ks, vs, end, *args)
         else:
-          new_k, new_v, last, logp, raw = self._decode_rows(self.rest, self.layers, self.k,
-                                                            self.v, end, *args)
-          self.k, self.v = self._write(self.k, self.v, new_k, new_v, end)
+          new_k, new_v, last, logp, raw = self._decode_rows(self.rest, self.layers, ks, vs,
+                                                            end, *args)
+          ks, vs = self._write(ks, vs, new_k, new_v, end)
         tokens.append(last)
         logprobs.append(logp)
         raws.append(raw)
+    for layer in range(len(self.k)):
+      self.k[layer][:blocks], self.v[layer][:blocks] = ks[layer], vs[layer]
     tokens, logprobs, raws = jax.device_get((tokens, logprobs, raws))
     raw = TokenLogprobs(*(np.stack(a, axis=1) for a in zip(*raws)))
     return np.stack(tokens, axis=1), np.stack(logprobs, axis=1), raw

@@ -6,7 +6,8 @@ out of the stack before its matmuls, so a step moved the weights twice; the
 engine therefore holds the layers unstacked (`Unstacked`, one state per
 layer) and runs them unrolled, and keeps one key and one value buffer per
 layer, [rows, kv_heads, slots, head_dim], so attention reads a layer's cache
-in place.
+in place. The rows are split into blocks (`row_block`) with their own
+buffers, so a step over the first rows updates whole buffers in place.
 
 Every row writes the same slot at each step (`end`, shared): a row's tokens
 occupy `[row_start, end)` and its RoPE positions count from its own first
@@ -55,13 +56,36 @@ def length_buckets(max_length: int, chunk_steps: int) -> list[int]:
   return [n + chunk_steps for n in _doubling(min(MIN_LENGTH_BUCKET, max_length), max_length)]
 
 
-def row_buckets(max_batch: int) -> list[int]:
-  """Row counts compiled for decode: 1, then x4 up to `max_batch`."""
-  out, n = [], 1
+ROW_BLOCK = 16
+
+
+def row_block(max_batch: int, batch_shards: int = 1) -> int:
+  """Rows per cache buffer: `ROW_BLOCK` when that divides `max_batch` (on an unsharded
+  batch), else all of them."""
+  if batch_shards == 1 and max_batch > ROW_BLOCK and max_batch % ROW_BLOCK == 0:
+    return ROW_BLOCK
+  return max_batch
+
+
+def row_buckets(max_batch: int, block: int | None = None, first: int = 1) -> list[int]:
+  """Row counts compiled for decode: `first`, x4 up to a block, then x4 in whole blocks
+  up to `max_batch`."""
+  block = block or max_batch
+  out, n = [], min(first, max_batch)
+  while n < block:
+    out.append(n)
+    n *= 4
+  n = block
   while n < max_batch:
     out.append(n)
     n *= 4
   return out + [max_batch]
+
+
+def fewest_rows(dtype, platform: str) -> int:
+  """The smallest row bucket: 2 for bf16 on CPU, where XLA:CPU runs a one-row bf16 matmul
+  on a path several times slower than two rows' (docs/results.md), else 1."""
+  return 2 if platform == "cpu" and jnp.dtype(dtype) == jnp.bfloat16 else 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,7 +212,8 @@ def score(rest, layers, tokens, length, *, unstacked: Unstacked, rules, chunk: i
 
 
 def insert(ks, vs, new_ks, new_vs, row, end):
-  """Writes one prompt's per-layer keys and values into `row`, ending at slot `end`."""
+  """Writes one prompt's per-layer keys and values into `row` of one block's per-layer
+  buffers, ending at slot `end`."""
   zero = jnp.zeros((), jnp.int32)
   t = new_ks[0].shape[2]
   at = (row, zero, end - t, zero)
@@ -203,37 +228,45 @@ def decode_step(rest, layers, ks, vs, end, row_start, last, positions, temperatu
   new tokens [n], their log-probabilities [n] (`sampling.sample_rows`) and their
   `sampling.raw_logprobs` ([n] and the top [n, MAX_LOGPROBS] ids and log-probabilities).
 
+  `ks`, `vs`: per layer, the row blocks holding those rows ([block, K, S, D] each).
   Only those rows are computed: with few requests live, a step costs what
   their rows cost, not the whole cache's. `in_place`: the new slot is written
-  into the buffers and the caches are returned; otherwise the buffers are
-  only read and the step returns the new slot's per-layer keys and values
-  [n, K, 1, D] for `write_slot`. For 1 < n < rows, reading a slice of rows of
-  a buffer the same program updates made XLA copy every buffer (for one row
-  it did not, and one call per step is cheaper).
+  into the blocks and they are returned; otherwise (1 < n < block) the
+  buffers are only read and the step returns the new slot's per-layer keys
+  and values [n, K, 1, D] for `write_slot`: reading a slice of rows of a
+  buffer the same program updates made XLA copy every buffer (for one row,
+  or whole blocks, it does not).
   """
   with sharding_lib.axis_rules(rules):
     model = unstacked.model(rest, layers)
-    n, rows = row_start.shape[0], ks[0].shape[0]
-    slots = jnp.arange(ks[0].shape[2], dtype=jnp.int32)[None]
+    n, block = row_start.shape[0], ks[0][0].shape[0]
+    slots = jnp.arange(ks[0][0].shape[2], dtype=jnp.int32)[None]
     filled = ((slots >= row_start[:, None]) & (slots <= end)).astype(jnp.int32)
-    info = attention_lib.MaskInfo(jnp.ones((n, 1), jnp.int32), filled, end)
+    ones = jnp.ones((n, 1), jnp.int32)
     cos, sin = rope_tables(positions[:, None], model.cfg)
     zero = jnp.zeros((), jnp.int32)
-    new_ks, new_vs = list(ks), list(vs)
+    at = (zero, zero, end, zero)
+    new_ks, new_vs = [list(k) for k in ks], [list(v) for v in vs]
 
     def attend(i, attn, q, k, v, window):
-      at = (zero, zero, end, zero)
-      k, v = _heads_first(k, ks[i].dtype), _heads_first(v, vs[i].dtype)
+      k, v = _heads_first(k, ks[i][0].dtype), _heads_first(v, vs[i][0].dtype)
+      knobs = attn.knobs(window)
       if not in_place:
         new_ks[i], new_vs[i] = k, v
-        k_cache = jax.lax.dynamic_update_slice(ks[i][:n], k, at)
-        v_cache = jax.lax.dynamic_update_slice(vs[i][:n], v, at)
-      else:
-        new_ks[i] = k_cache = jax.lax.dynamic_update_slice(ks[i], k, at)
-        new_vs[i] = v_cache = jax.lax.dynamic_update_slice(vs[i], v, at)
-        if n < rows:
+        k_cache = jax.lax.dynamic_update_slice(ks[i][0][:n], k, at)
+        v_cache = jax.lax.dynamic_update_slice(vs[i][0][:n], v, at)
+        info = attention_lib.MaskInfo(ones, filled, end)
+        return attention_lib.cached_attention(q, k_cache, v_cache, info, **knobs)
+      outs = []
+      for j in range(len(ks[i])):
+        rows = slice(j * block, min(n, (j + 1) * block))
+        new_ks[i][j] = k_cache = jax.lax.dynamic_update_slice(ks[i][j], k[rows], at)
+        new_vs[i][j] = v_cache = jax.lax.dynamic_update_slice(vs[i][j], v[rows], at)
+        if n < block:
           k_cache, v_cache = k_cache[:n], v_cache[:n]
-      return attention_lib.cached_attention(q, k_cache, v_cache, info, **attn.knobs(window))
+        info = attention_lib.MaskInfo(ones[rows], filled[rows], end)
+        outs.append(attention_lib.cached_attention(q[rows], k_cache, v_cache, info, **knobs))
+      return jnp.concatenate(outs) if len(outs) > 1 else outs[0]
 
     x = _layers_forward(unstacked, layers, model.embed_tokens(last[:, None]), cos, sin, attend)
     hidden = model.final_norm(x)
@@ -245,11 +278,12 @@ def decode_step(rest, layers, ks, vs, end, row_start, last, positions, temperatu
 
 def write_slot(ks, vs, new_ks, new_vs, end):
   """Writes a step's per-layer keys and values of the first n rows ([n, K, 1, D]) into
-  slot `end` of the buffers (in place when they are donated)."""
+  slot `end` of the first block (`ks`, `vs`: per layer, [that block]; in place when
+  donated)."""
   zero = jnp.zeros((), jnp.int32)
   at = (zero, zero, end, zero)
-  return ([jax.lax.dynamic_update_slice(k, n, at) for k, n in zip(ks, new_ks)],
-          [jax.lax.dynamic_update_slice(v, n, at) for v, n in zip(vs, new_vs)])
+  return ([[jax.lax.dynamic_update_slice(k[0], n, at)] for k, n in zip(ks, new_ks)],
+          [[jax.lax.dynamic_update_slice(v[0], n, at)] for v, n in zip(vs, new_vs)])
 
 
 def relayout(ks, vs, shift, *, length: int):
@@ -260,7 +294,7 @@ def relayout(ks, vs, shift, *, length: int):
     if length > have:  # grow first, so that nothing live wraps around
       x = jnp.pad(x, ((0, 0), (0, 0), (0, length - have), (0, 0)))
     return jnp.roll(x, shift, axis=2)[:, :, :length]
-  return [one(k) for k in ks], [one(v) for v in vs]
+  return jax.tree.map(one, ks), jax.tree.map(one, vs)
 
 
 def cache_sharding(mesh, rules) -> jax.sharding.NamedSharding:
@@ -269,11 +303,13 @@ def cache_sharding(mesh, rules) -> jax.sharding.NamedSharding:
   return jax.sharding.NamedSharding(mesh, spec)
 
 
-def empty_caches(cfg, rows: int, length: int, dtype,
+def empty_caches(cfg, rows: int, block: int, length: int, dtype,
                  sharding: jax.sharding.NamedSharding) -> tuple[list, list]:
-  """Zeroed per-layer key and value buffers [rows, kv_heads, length, head_dim]."""
-  shape = (rows, cfg.num_kv_heads, length, cfg.head_dim)
+  """Zeroed key and value buffers, per layer and per block of `block` rows
+  ([block, kv_heads, length, head_dim] each)."""
+  shape = (block, cfg.num_kv_heads, length, cfg.head_dim)
   zeros = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
   # One call per buffer: each must be its own (donated) array.
-  return ([zeros() for _ in range(cfg.num_layers)],
-          [zeros() for _ in range(cfg.num_layers)])
+  blocks = rows // block
+  return ([[zeros() for _ in range(blocks)] for _ in range(cfg.num_layers)],
+          [[zeros() for _ in range(blocks)] for _ in range(cfg.num_layers)])

@@ -80,8 +80,61 @@ def filter_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
 def next_token(logits: jax.Array, key: jax.Array, config: SamplingConfig) -> jax.Array:
   """Token ids [batch] from last-position logits [batch, vocab]."""
   if config.greedy:
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-  return jax.random.categorical(key, filter_logits(logits, config), axis=-1).astype(jnp.int32)
+    return argmax(logits)
+  keys = jax.random.split(key, logits.shape[0])
+  return categorical(keys, filter_logits(logits, config))
+
+
+def argmax(logits: jax.Array) -> jax.Array:
+  """`jnp.argmax` over the last axis (the first maximum) as a max and a masked min: one
+  plain reduction each, where XLA:CPU's variadic arg-reduction is several times slower."""
+  top = jnp.max(logits, axis=-1, keepdims=True)
+  ids = jnp.arange(logits.shape[-1], dtype=jnp.int32)
+  return jnp.min(jnp.where(logits == top, ids, logits.shape[-1]), axis=-1)
+
+
+_BLOCK = 128  # vocabulary entries per block of the two-level inverse CDF
+
+
+def categorical(keys: jax.Array, logits: jax.Array) -> jax.Array:
+  """One draw per row from softmax(logits) ([batch, vocab], -inf = never), one key per row.
+
+  Inverse-CDF sampling with one uniform per row, in two levels: the block of
+  `_BLOCK` tokens from the cumulative block masses, then the token inside it.
+  `jax.random.categorical` draws a Gumbel variate per vocabulary entry, which
+  cost a decode step more than all its sampling arithmetic together.
+  """
+  b, v = logits.shape
+  logits = jnp.pad(logits.astype(jnp.float32), ((0, 0), (0, -v % _BLOCK)),
+                   constant_values=-jnp.inf)
+  probs = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
+  blocks = probs.reshape(b, -1, _BLOCK)
+  mass = jnp.sum(blocks, axis=-1)
+  cum = jnp.cumsum(mass, axis=-1)
+  target = jax.vmap(jax.random.uniform)(keys) * cum[:, -1]
+
+  def first_past(cumulative, weights, t):
+    """The entry whose cumulative range holds t, kept among the entries of non-zero
+    weight (rounding can put t just outside them)."""
+    ids = jnp.arange(weights.shape[-1], dtype=jnp.int32)
+    at = jnp.sum(cumulative <= t[:, None], axis=-1, dtype=jnp.int32)
+    low = jnp.min(jnp.where(weights > 0, ids, weights.shape[-1]), axis=-1)
+    high = jnp.max(jnp.where(weights > 0, ids, 0), axis=-1)
+    return jnp.clip(at, low, high)
+
+  block = first_past(cum, mass, target)
+  inside = jnp.take_along_axis(blocks, block[:, None, None], axis=1)[:, 0]
+  before = (jnp.take_along_axis(cum, block[:, None], axis=1)
+            - jnp.take_along_axis(mass, block[:, None], axis=1))[:, 0]
+  token = first_past(jnp.cumsum(inside, axis=-1), inside, target - before)
+  return block * _BLOCK + token
+
+
+def _log_softmax_at(logits: jax.Array, tokens: jax.Array) -> jax.Array:
+  """log_softmax(logits)[row, tokens[row]] ([batch]) without forming [batch, vocab]."""
+  top = jnp.max(logits, axis=-1)
+  lse = jnp.log(jnp.sum(jnp.exp(logits - top[:, None]), axis=-1))
+  return (jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - top) - lse
 
 
 def top_k_rows_mask(logits: jax.Array, k: jax.Array) -> jax.Array:
@@ -107,10 +160,7 @@ def sample_rows(logits: jax.Array, keys: jax.Array, temperature: jax.Array,
   logits = logits.astype(jnp.float32)
   if top_k is None:
     top_k = jnp.zeros(logits.shape[:1], jnp.int32)
-  greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-
-  def pick(logp: jax.Array, tokens: jax.Array) -> jax.Array:
-    return jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+  greedy = argmax(logits)
 
   def sample() -> tuple[jax.Array, jax.Array]:
     scaled = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
@@ -122,15 +172,13 @@ def sample_rows(logits: jax.Array, keys: jax.Array, temperature: jax.Array,
         jnp.any(top_p < 1.0),
         lambda: jnp.where(top_p_mask(scaled, top_p[:, None]), scaled, -jnp.inf),
         lambda: scaled)
-    drawn = jax.vmap(lambda k, row: jax.random.categorical(k, row))(keys, scaled)
-    drawn = drawn.astype(jnp.int32)
-    tokens = jnp.where(temperature > 0, drawn, greedy)
-    logp = jnp.where(temperature > 0, pick(jax.nn.log_softmax(scaled), drawn),
-                     pick(jax.nn.log_softmax(logits), greedy))
+    tokens = jnp.where(temperature > 0, categorical(keys, scaled), greedy)
+    logp = jnp.where(temperature > 0, _log_softmax_at(scaled, tokens),
+                     _log_softmax_at(logits, greedy))
     return tokens, logp
 
   return jax.lax.cond(jnp.any(temperature > 0), sample,
-                      lambda: (greedy, pick(jax.nn.log_softmax(logits), greedy)))
+                      lambda: (greedy, _log_softmax_at(logits, greedy)))
 
 
 def raw_logprobs(logits: jax.Array, tokens: jax.Array, k: int = MAX_LOGPROBS
@@ -138,6 +186,9 @@ def raw_logprobs(logits: jax.Array, tokens: jax.Array, k: int = MAX_LOGPROBS
   """The model's own log-probabilities (log_softmax of the logits, before temperature and
   filters, as vLLM's default `raw_logprobs`) of logits [batch, vocab]: of `tokens` [batch],
   and the `k` most likely ids and their log-probabilities [batch, k] each."""
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  top, ids = jax.lax.top_k(logp, min(k, logp.shape[-1]))
-  return jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0], ids.astype(jnp.int32), top
+  logits = logits.astype(jnp.float32)
+  top = jnp.max(logits, axis=-1, keepdims=True)
+  lse = jnp.log(jnp.sum(jnp.exp(logits - top), axis=-1, keepdims=True))
+  best, ids = jax.lax.top_k(logits, min(k, logits.shape[-1]))
+  chosen = jnp.take_along_axis(logits, tokens[:, None], axis=-1)
+  return ((chosen - top) - lse)[:, 0], ids.astype(jnp.int32), (best - top) - lse

@@ -56,11 +56,16 @@ def swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) 
   return gated_mlp(x, w_gate, w_up, w_down, "silu")
 
 
+def _matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+  """x @ w accumulated in fp32, in x's dtype (see `layers.project`)."""
+  return jnp.matmul(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
 def _forward(x, w_gate, w_up, w_down, activation):
-  gate = x @ w_gate
-  up = x @ w_up
+  gate = _matmul(x, w_gate)
+  up = _matmul(x, w_up)
   hidden = constrain(apply_activation(gate, activation) * up, _HIDDEN_AXES)
-  return hidden @ w_down, (x, gate, up, w_gate, w_up, w_down)
+  return _matmul(hidden, w_down), (x, gate, up, w_gate, w_up, w_down)
 
 
 def _backward(activation, residuals, dy):
