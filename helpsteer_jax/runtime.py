@@ -190,9 +190,9 @@ def lora_config(model: ml_collections.ConfigDict) -> LoraConfig | None:
 
 def decode_dtype(dtype: str) -> str:
   """`dtype`, with "auto" (the generation and serving presets') resolved: bfloat16 on
-  accelerators, float32 on CPU, where XLA's bfloat16 matmuls at decoding's small
-  batches run slower than float32 ones (benchmarks/serve_vs_vllm.py, docs/results.md)
-  and greedy output would depend on which other rows share the batch."""
+  accelerators, float32 on CPU, where bfloat16 greedy output depends on which other rows
+  share the batch (XLA:CPU's bf16 GEMMs round differently per row count) while float32's
+  does not; bfloat16 is faster there (docs/results.md) and can be asked for."""
   if dtype != "auto":
     return dtype
   return "float32" if jax.default_backend() == "cpu" else "bfloat16"

@@ -12,8 +12,10 @@ token). A scheduler thread:
   - runs a chunk of `chunk_steps` decode steps, one compiled call each,
     dispatched back to back (the tokens stay on the device until the chunk
     ends), for the smallest row bucket holding every live row (rows are
-    taken lowest first), with per-row temperature, top-p and PRNG streams
-    (arrays, so greedy and sampled rows share the compile);
+    taken lowest first; the buffers hold `engine_steps.row_block` rows each,
+    so a bucket of whole blocks is updated in place), with per-row
+    temperature, top-p and PRNG streams (arrays, so greedy and sampled rows
+    share the compile);
   - hands each request its new text, ends rows at stop tokens, stop strings
     or their token budget, and frees finished or cancelled rows;
   - between chunks, scores the prompts queued by `score` (the model's
