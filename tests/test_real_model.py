@@ -257,6 +257,31 @@ def test_steerlm_marker_is_several_tokens_and_stops_generation(tokenizer, ours):
   assert stopped.text == free.text.split(template.TURN_START)[0] and stopped.text.strip()
 
 
+def _assert_generate_ends_turn_at_marker(model, tokenizer, marker: int) -> None:
+  """transformers' `generate` on the export's files alone, with no stop settings given,
+  ends the turn at the marker id; the chat template writes the markers as single ids."""
+  messages = [{"role": "user", "content": "Name two fruits."}]
+  ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                      return_dict=True)["input_ids"]
+  assert ids.count(marker) == 2
+  free_steps = 3  # two steps cannot teach the model to end its turn: the test picks when
+
+  class MarkerAfter(transformers.LogitsProcessor):
+    def __call__(self, input_ids, scores):
+      if input_ids.shape[1] == len(ids) + free_steps:
+        scores = torch.full_like(scores, -float("inf"))
+        scores[:, marker] = 0.0
+      return scores
+
+  with torch.no_grad():
+    out = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False,
+                         logits_processor=transformers.LogitsProcessorList([MarkerAfter()]))
+  new = out[0, len(ids):].tolist()
+  assert len(new) == free_steps + 1 and new[-1] == marker
+  reply = tokenizer.decode(new, skip_special_tokens=True)
+  assert template.TURN_START not in reply and "<extra_id" not in reply
+
+
 def _trained_model(workdir):
   """The AC-SFT run's last Orbax checkpoint as our model (one device)."""
   cfg = runpy.run_path(str(REPO_ROOT / "configs" / "generate.py"))["get_config"]()
@@ -298,6 +323,7 @@ def test_acsft_on_helpsteer2_exports_a_transformers_model(smollm2_dir, helpsteer
   exported = _torch_model(export)
   assert exported.config.vocab_size == builder.vocab_for_tokens(vocab, vocab + 3) > vocab
   assert exported.generation_config.eos_token_id == [exported_tokenizer.eos_token_id, marker]
+  _assert_generate_ends_turn_at_marker(exported, exported_tokenizer, marker)
   tokens, mask, positions = _batch(exported_tokenizer)
   want = torch_reference.logits(exported, tokens, mask, positions)
   _assert_close(_our_logits(_trained_model(work), tokens, mask, positions), want, mask)

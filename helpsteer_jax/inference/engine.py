@@ -25,11 +25,8 @@ Every generated token also carries the model's own log-probability and its
 top `sampling.MAX_LOGPROBS` alternatives (`Output.raw`), besides its
 log-probability under the distribution it was drawn from (`Output.logprobs`).
 
-When `end` would run past the buffers, or a newcomer's prompt is longer than
-`end`, or the live rows span far fewer slots than the buffers hold, the
-cache is re-laid out: rolled so that the longest live row starts at slot 0
-and resized to the smallest slot count that holds it and one more chunk.
-Every shape is one of a fixed set: after `warm_up`, requests compile nothing.
+The cache's buffers and their re-layouts are `kv_cache.SlotCache`'s. Every
+shape is one of a fixed set: after `warm_up`, requests compile nothing.
 """
 
 from __future__ import annotations
@@ -49,7 +46,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.inference import engine_steps
+from helpsteer_jax.inference import engine_steps, kv_cache
 from helpsteer_jax.inference.row_stream import (  # noqa: F401 - the engine's API
   DecodeRequest,
   Handle,
@@ -72,9 +69,6 @@ class _Row:
   @property
   def request(self) -> DecodeRequest:
     return self.handle.request
-
-
-_NOTHING = np.iinfo(np.int32).max // 2  # a free row's start: no slot visible
 
 
 class Engine:
@@ -121,12 +115,11 @@ class Engine:
     per_shard = max_batch // self.batch_shards
     self.row_order = [s * per_shard + j for j in range(per_shard)
                       for s in range(self.batch_shards)]
-    self.lengths = engine_steps.length_buckets(max_length, chunk_steps)
     unstacked, self.rest, self.layers = engine_steps.Unstacked.split(model)
     static = dict(unstacked=unstacked, rules=rules)
     # Fixed output shardings: every call sees inputs laid out as the last one left them,
     # so a layout never keys a new compile.
-    cache = engine_steps.cache_sharding(mesh, rules)
+    cache = engine_steps.cache_sharding(mesh, rules)  # as `kv_cache.SlotCache` lays it out
     self.local_row = np.zeros(max_batch, bool)
     for index in cache.addressable_devices_indices_map(
         (self.row_block, cfg.num_kv_heads, 1, cfg.head_dim)).values():
@@ -147,8 +140,6 @@ class Engine:
     # jit caches compiles per function object.
     self._first = jax.jit(functools.partial(engine_steps.first_token),
                           out_shardings=self._replicated)
-    self._insert = jax.jit(functools.partial(engine_steps.insert), donate_argnums=(0, 1),
-                           out_shardings=(cache, cache))
     step_outputs = (cache, cache, self._replicated, self._replicated, self._replicated)
     self._decode = jax.jit(functools.partial(engine_steps.decode_step, **static),
                            donate_argnums=(2, 3), out_shardings=step_outputs)
@@ -158,15 +149,10 @@ class Engine:
                                 out_shardings=step_outputs)
     self._write = jax.jit(functools.partial(engine_steps.write_slot), donate_argnums=(0, 1),
                           out_shardings=(cache, cache))
-    # Not donated: a resize cannot reuse its input buffers, and re-layouts are rare.
-    self._relayout = jax.jit(functools.partial(engine_steps.relayout), static_argnames="length",
-                             out_shardings=(cache, cache))
-    self.length = self.lengths[0]
-    self.k, self.v = engine_steps.empty_caches(cfg, max_batch, self.row_block, self.length,
-                                               self.cache_dtype, cache)
-    self.end = 0  # the shared write slot
+    self.cache = kv_cache.SlotCache(cfg, mesh, rules, rows=max_batch, row_block=self.row_block,
+                                    max_length=max_length, chunk_steps=chunk_steps,
+                                    dtype=self.cache_dtype)
     self.rows: list[_Row | None] = [None] * max_batch
-    self.row_start = np.full(max_batch, _NOTHING, np.int32)
     self.positions = np.zeros(max_batch, np.int32)
     self.last = np.zeros(max_batch, np.int32)
     self.temperature = np.zeros(max_batch, np.float32)
@@ -188,37 +174,25 @@ class Engine:
   @property
   def compiled_variants(self) -> int:
     """Compiled variants of the engine's functions (fixed after `warm_up`)."""
-    return sum(f._cache_size() for f in (self._prefill, self._first, self._insert,
-                                         self._decode, self._decode_rows, self._write,
-                                         self._relayout, self._score))
+    return self.cache.compiled_variants + sum(f._cache_size() for f in (
+        self._prefill, self._first, self._decode, self._decode_rows, self._write, self._score))
 
   def warm_up(self) -> None:
     """Compiles every prompt bucket's prefill and scoring, every (rows, slots) decode step,
     the prompt inserts and the re-layouts between slot counts."""
-    for t in self.buckets:
+    def prefilled(t: int):
       self._run_score([self.pad_id] * 2, t)
       ks, vs, *_, logits = self._run_prefill([self.pad_id], 0.0, 1.0, 0, 0, t)
       if t == self.buckets[0]:
         self._run_first(logits, 0.0, 1.0, 0, 0)
-      for length in self.lengths:
-        if length >= t + self.chunk_steps:
-          self._resize(length, 0)
-          self.end = t
-          self._run_insert(ks, vs, 0)
-    for length in self.lengths:
-      self._resize(length, 0)
+      return ks, vs
+
+    self.cache.warm_up(self.buckets, prefilled)
+    for length in self.cache.lengths:
+      self.cache.resize(length, 0)
       for n in self.row_buckets:
         self._run_decode(n)
-      for other in self.lengths:
-        self._resize(other, 0)
-        self._resize(length, 0)
-    self._resize(self.lengths[0], 0)
-    self.end = 0
-
-  def _resize(self, length: int, shift: int) -> None:
-    with jax.set_mesh(self.mesh):
-      self.k, self.v = self._relayout(self.k, self.v, np.int32(shift), length=length)
-    self.length = length
+    self.cache.resize(self.cache.lengths[0], 0)
 
   def check(self, prompt_len: int, max_tokens: int) -> None:
     """ConfigError (a ValueError) unless `prompt_len` tokens + `max_tokens` fit a row."""
@@ -341,32 +315,11 @@ class Engine:
 
   def _free(self, i: int) -> None:
     self.rows[i] = None
-    self.row_start[i] = _NOTHING
-
-  def _occupied(self) -> int:
-    """Slots the longest live row spans."""
-    live = [self.end - int(self.row_start[i]) for i, r in enumerate(self.rows) if r is not None]
-    return max(live, default=0)
+    self.cache.free(i)
 
   def _fit(self, min_end: int = 0) -> None:
-    """Re-lays the cache out, if needed, so that `end >= min_end`, a chunk fits after
-    `end`, and the buffers are not far longer than the live rows need."""
-    occupied = self._occupied()
-    fits = [n for n in self.lengths if n >= max(occupied, min_end) + self.chunk_steps]
-    smallest = fits[0]
-    too_long = self.lengths.index(self.length) > self.lengths.index(smallest) + 1
-    if (self.end >= min_end and self.end + self.chunk_steps <= self.length
-        and not too_long):
-      return
-    target_end = max(occupied, min_end)
-    shift = target_end - self.end if self.busy_rows else 0
-    length = smallest if too_long or target_end + self.chunk_steps > self.length else self.length
-    if shift or length != self.length:
-      self._resize(length, shift)
+    if self.cache.fit(np.asarray([r is not None for r in self.rows]), min_end):
       self.stats["rebases"] += 1
-    busy = np.asarray([r is not None for r in self.rows])
-    self.row_start = np.where(busy, self.row_start + shift, _NOTHING).astype(np.int32)
-    self.end = target_end
 
   def _bucket(self, n: int) -> int:
     return next(b for b in self.buckets if b >= n)
@@ -400,14 +353,6 @@ class Engine:
       return self._first(logits, np.float32(temperature), np.float32(top_p), np.int32(top_k),
                          np.uint32(seed))
 
-  def _run_insert(self, ks, vs, row: int) -> None:
-    j, r = divmod(row, self.row_block)
-    with jax.set_mesh(self.mesh):
-      new_k, new_v = self._insert([k[j] for k in self.k], [v[j] for v in self.v], ks, vs,
-                                  np.int32(r), np.int32(self.end))
-    for layer, (k, v) in enumerate(zip(new_k, new_v)):
-      self.k[layer][j], self.v[layer][j] = k, v
-
   def _admit(self, newcomers: list[Handle], free: list[int]) -> None:
     """Prefills the newcomers into the free rows; requests with the same prompt (the n
     samples of one prompt) share one prefill."""
@@ -428,7 +373,7 @@ class Engine:
         ks, vs, first, logp, raw, logits = self._run_prefill(
             req.prompt_ids, req.temperature, req.top_p, req.top_k, req.seed, bucket)
         prefilled[key] = ks, vs, logits
-      self._run_insert(ks, vs, i)
+      self.cache.insert(ks, vs, i, len(req.prompt_ids))
       self.local_rows += int(self.local_row[i])
       first = int(first)
       self.rows[i] = _Row(handle, RowStream(self.tokenizer, req.max_tokens, self.stop_ids,
@@ -436,7 +381,6 @@ class Engine:
                                             self.stop_strings + tuple(req.stop_strings)),
                           [float(logp)],
                           [TokenLogprobs(*(np.asarray(a)[None] for a in jax.device_get(raw)))])
-      self.row_start[i] = self.end - len(req.prompt_ids)
       self.positions[i] = len(req.prompt_ids)
       self.temperature[i], self.top_p[i], self.top_k[i] = req.temperature, req.top_p, req.top_k
       self.seeds[i], self.counters[i] = np.uint32(req.seed), 1
@@ -448,13 +392,12 @@ class Engine:
     [n, chunk_steps] each, and their raw log-probabilities ([n, chunk_steps, ...])."""
     last = jax.device_put(self.last[:n], self._replicated)
     row_start, temperature, top_p, top_k, seeds = (a[:n] for a in (
-        self.row_start, self.temperature, self.top_p, self.top_k, self.seeds))
-    blocks = -(-n // self.row_block)
-    ks, vs = [k[:blocks] for k in self.k], [v[:blocks] for v in self.v]
+        self.cache.row_start, self.temperature, self.top_p, self.top_k, self.seeds))
+    ks, vs = self.cache.blocks(n)
     tokens, logprobs, raws = [], [], []
     with jax.set_mesh(self.mesh):
       for i in range(self.chunk_steps):
-        end = np.int32(self.end + i)
+        end = np.int32(self.cache.end + i)
         args = (row_start, last, self.positions[:n] + i, temperature, top_p, top_k, seeds,
                 self.counters[:n] + i)
         if n == 1 or n % self.row_block == 0:
@@ -466,8 +409,7 @@ class Engine:
         tokens.append(last)
         logprobs.append(logp)
         raws.append(raw)
-    for layer in range(len(self.k)):
-      self.k[layer][:blocks], self.v[layer][:blocks] = ks[layer], vs[layer]
+    self.cache.put_blocks(ks, vs)
     tokens, logprobs, raws = jax.device_get((tokens, logprobs, raws))
     raw = TokenLogprobs(*(np.stack(a, axis=1) for a in zip(*raws)))
     return np.stack(tokens, axis=1), np.stack(logprobs, axis=1), raw
@@ -485,7 +427,7 @@ class Engine:
     live = max(i for i, r in enumerate(self.rows) if r is not None) + 1
     n = next(b for b in self.row_buckets if b >= live)
     tokens, logprobs, raw = self._run_decode(n)
-    self.end += self.chunk_steps
+    self.cache.end += self.chunk_steps
     self.positions[:n] += self.chunk_steps
     self.counters[:n] += self.chunk_steps
     self.last[:n] = tokens[:, -1]
