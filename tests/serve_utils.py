@@ -46,14 +46,15 @@ def write_models(root) -> None:
       "bias": rng.normal(size=len(ATTRIBUTES)).astype(np.float32)})
 
 
-def server_fixture(name: str):
-  """A module-scoped fixture: a `Server` on fresh models in a temporary `name` directory."""
+def server_fixture(name: str, *flags: str):
+  """A module-scoped fixture: a `Server` on fresh models in a temporary `name` directory,
+  with `flags` added to its command line."""
 
   @pytest.fixture(scope="module")
   def server(tmp_path_factory):
     root = tmp_path_factory.mktemp(name)
     write_models(root)
-    s = Server(root)
+    s = Server(root, *flags)
     yield s
     s.stop()
 
@@ -68,7 +69,7 @@ def serve_config():
 class Server:
   """The server on a free loopback port, started and waited for (up to 10 minutes)."""
 
-  def __init__(self, root):
+  def __init__(self, root, *flags: str):
     self.port = free_port()
     self.base = f"http://127.0.0.1:{self.port}"
     env = dict(os.environ, JAX_PLATFORMS="cpu", HELPSTEER_API_KEY=KEY,
@@ -82,7 +83,7 @@ class Server:
          "--config.serve.max_batch=4", "--config.serve.max_tokens=500",
          "--config.serve.max_n=3", f"--config.scorer.source={root / 'rm'}",
          f"--config.scorer.head={root / 'head.npz'}", f"--config.scorer.max_len={MAX_LENGTH}",
-         f"--workdir={root / 'workdir'}"],
+         f"--workdir={root / 'workdir'}", *flags],
         cwd=REPO_ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, text=True)
     self.root = root
     self._clients: list[openai.OpenAI] = []

@@ -46,6 +46,9 @@ def get_config(preset: str = ""):
       host="127.0.0.1", port=8000,
       model_name="",         # "" = the model directory's name
       api_key="",            # "" = $HELPSTEER_API_KEY; both empty = no key
+      allow_no_key=False,    # serve without a key on a non-loopback host (refused otherwise)
+      allowed_hosts="",      # Host names answered, comma-separated; "" = loopback + host; "*"
+      max_request_bytes=0,   # 0 = 32 bytes per token of max_length, at least 1 MiB
       max_batch=16,          # rows decoded together
       max_length=0,          # tokens per row (prompt + completion); 0 = max_position_embeddings
       chunk_steps=8,         # decode steps between scheduling rounds

@@ -165,6 +165,7 @@ class Engine:
         collections.deque())
     self.cond = threading.Condition()
     self.stopping = False
+    self.aborting: str | None = None  # `abort`'s reason, until the scheduler acts on it
     self.stats = {"requests": 0, "chunks": 0, "rebases": 0, "generated_tokens": 0,
                   "cancelled": 0}
     self._thread: threading.Thread | None = None
@@ -248,6 +249,14 @@ class Engine:
     if self._thread is not None:
       self._thread.join(timeout)
 
+  def abort(self, reason: str) -> None:
+    """Ends every live and waiting request now with finish_reason "abort" (`reason` as
+    its text) and refuses new ones: a shutdown whose drain time ran out."""
+    with self.cond:
+      self.stopping = True
+      self.aborting = reason
+      self.cond.notify()
+
   def generate(self, requests: Sequence[DecodeRequest]) -> list[Output]:
     """Runs `requests` to the end in the calling thread; their outputs in order.
 
@@ -281,6 +290,10 @@ class Engine:
         while (not self.waiting and not self.busy_rows and not self.scoring
                and not self.stopping):
           self.cond.wait()
+        if self.aborting is not None:
+          unadmitted, self.waiting = list(self.waiting), collections.deque()
+          self._end_all("abort", self.aborting, unadmitted)
+          self.aborting = None
         if self.stopping and not self.waiting and not self.busy_rows and not self.scoring:
           return
         free = self._free_rows()
@@ -297,15 +310,16 @@ class Engine:
           self._step()
       except Exception as e:  # noqa: BLE001 - every waiting client must hear of it
         logging.exception("engine failure")
-        self._fail_all(e, [h for h in newcomers if h.output is None and not any(
+        self._end_all("error", str(e), [h for h in newcomers if h.output is None and not any(
             r is not None and r.handle is h for r in self.rows)])
 
-  def _fail_all(self, error: Exception, unadmitted: Sequence[Handle] = ()) -> None:
-    """Ends every live row, and the newcomers not yet admitted, with an error update."""
-    failed = [(row.handle, len(row.stream.ids)) for row in self.rows if row is not None]
-    for handle, tokens in failed + [(h, 0) for h in unadmitted]:
+  def _end_all(self, reason: str, message: str, unadmitted: Sequence[Handle] = ()) -> None:
+    """Ends every live row, and the requests not yet admitted, with a `reason` update
+    ("error" or "abort") whose text is `message`."""
+    ended = [(row.handle, len(row.stream.ids)) for row in self.rows if row is not None]
+    for handle, tokens in ended + [(h, 0) for h in unadmitted]:
       if handle.request.on_update is not None:
-        handle.request.on_update(Update("", tokens, "error", str(error)))
+        handle.request.on_update(Update("", tokens, reason, message))
     for i, row in enumerate(self.rows):
       if row is not None:
         self._free(i)

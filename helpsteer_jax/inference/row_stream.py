@@ -35,7 +35,8 @@ class TokenLogprobs:
 
 @dataclasses.dataclass
 class Update:
-  """New text since the last update; `finish_reason` ("stop" / "length" / "error") and
+  """New text since the last update; `finish_reason` ("stop" / "length", or "error" and
+  "abort" (a shutdown) with the message as `text`) and
   the final `text` on the last one, with the completion's `token_ids` and their `raw`
   log-probabilities. `completion_tokens` counts tokens so far."""
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import random
-import secrets
 from typing import Any, AsyncIterator
 
 import fastapi
@@ -28,10 +28,8 @@ from helpsteer_jax.inference import engine as engine_lib
 from helpsteer_jax.inference import steering
 from helpsteer_jax.scoring import rewards as rewards_lib
 from helpsteer_jax.serve import completions as completions_lib
-from helpsteer_jax.serve import playground, protocol
+from helpsteer_jax.serve import guard, playground, protocol
 from helpsteer_jax.serve.backend import AttributeModel, CompileCounter, Policy
-
-DISCONNECT_POLL_SECONDS = 0.5
 
 
 @dataclasses.dataclass
@@ -42,6 +40,8 @@ class Settings:
   attributes: dict[str, int]
   system: str = template.DEFAULT_SYSTEM
   api_key: str = ""
+  allowed_hosts: frozenset[str] | None = frozenset(guard.LOOPBACK_HOSTS)  # None: any
+  max_request_bytes: int = 1 << 20
   max_tokens: int = 1024       # the largest max_tokens a request may ask for
   max_n: int = 8
   temperature: float = 1.0     # OpenAI's defaults
@@ -65,10 +65,13 @@ class _Job:
 def _parse(model: type[pydantic.BaseModel], raw: bytes) -> Any:
   try:
     data = json.loads(raw)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+  except RecursionError:
+    raise protocol.ApiError("the request body is not valid JSON: nested too deeply") from None
+  except ValueError as e:  # also UnicodeDecodeError, and integers past Python's digit limit
     raise protocol.ApiError(f"the request body is not valid JSON: {e}") from None
   if not isinstance(data, dict):
     raise protocol.ApiError("the request body must be a JSON object")
+  protocol.check_unicode(data)
   try:
     return model.model_validate(data)
   except pydantic.ValidationError as e:
@@ -95,17 +98,16 @@ def create_app(policy: Policy, settings: Settings, attribute_model: AttributeMod
   @app.exception_handler(HTTPException)
   async def http_error(request, e: HTTPException):
     return JSONResponse(protocol.ApiError(str(e.detail), e.status_code).body(),
-                        status_code=e.status_code)
+                        status_code=e.status_code, headers=e.headers)  # 405: Allow
 
-  @app.middleware("http")
-  async def check_key(request: fastapi.Request, call_next):
-    if settings.api_key and request.url.path.startswith("/v1/"):
-      given = request.headers.get("authorization", "")
-      if not secrets.compare_digest(given.encode(), f"Bearer {settings.api_key}".encode()):
-        e = protocol.ApiError("invalid or missing API key: send 'Authorization: Bearer <key>'",
-                              401, code="invalid_api_key")
-        return JSONResponse(e.body(), status_code=401)
-    return await call_next(request)
+  @app.exception_handler(Exception)
+  async def internal_error(request, e: Exception):
+    logging.error("internal error on %s %s: %r", request.method, request.url.path, e)
+    return JSONResponse(protocol.ApiError("internal server error", 500,
+                                          kind="server_error").body(), status_code=500)
+
+  app.add_middleware(guard.Guard, api_key=settings.api_key, hosts=settings.allowed_hosts,
+                     max_body=settings.max_request_bytes)
 
   def check_model(name: str | None) -> None:
     if name != settings.model_name:
@@ -164,32 +166,44 @@ def create_app(policy: Policy, settings: Settings, attribute_model: AttributeMod
       raise protocol.ApiError(str(e), 503, kind="server_error") from None
     return updates, handles
 
+  def ended_by_server(u: engine_lib.Update) -> protocol.ApiError | None:
+    """The error of a row the engine ended: 500 for a failure, 503 for a shutdown."""
+    if u.finish_reason == "error":
+      return protocol.ApiError(f"generation failed: {u.text}", 500, kind="server_error")
+    if u.finish_reason == "abort":
+      return protocol.ApiError(u.text, 503, kind="server_error", code="shutting_down")
+    return None
+
   def cancel(handles: list[engine_lib.Handle | None]) -> None:
     for h in handles:
       if h is not None:
         h.cancel()
 
   def final_text(j: _Job, u: engine_lib.Update) -> str:
-    if u.finish_reason == "error":
-      raise protocol.ApiError(f"generation failed: {u.text}", 500, kind="server_error")
+    failure = ended_by_server(u)
+    if failure is not None:
+      raise failure
     return steering.response_text(u.text, u.finish_reason) if j.chat else u.text
 
   async def collect(jobs: list[_Job], request: fastapi.Request
                     ) -> list[engine_lib.Update] | None:
-    """Every choice's final update (None if the client went away)."""
+    """Every choice's final update (None if the client went away: its rows are
+    cancelled as soon as the server hears of it)."""
     updates, handles = submit(jobs)
     finals = {i: engine_lib.Update("", 0, "length") for i, h in enumerate(handles) if h is None}
+    gone = asyncio.ensure_future(_disconnect(request))
     try:
       while len(finals) < len(handles):
-        try:
-          i, u = await asyncio.wait_for(updates.get(), DISCONNECT_POLL_SECONDS)
-        except asyncio.TimeoutError:
-          if await request.is_disconnected():
-            return None
-          continue
+        update = asyncio.ensure_future(updates.get())
+        await asyncio.wait((update, gone), return_when=asyncio.FIRST_COMPLETED)
+        if not update.done():
+          update.cancel()
+          return None
+        i, u = update.result()
         if u.finish_reason:
           finals[i] = u
     finally:
+      gone.cancel()
       cancel(handles)
     return [finals[i] for i in range(len(handles))]
 
@@ -212,9 +226,10 @@ def create_app(policy: Policy, settings: Settings, attribute_model: AttributeMod
       while done < len(handles):
         i, u = await updates.get()
         j = of[i]
-        if u.finish_reason == "error":
-          yield _event(protocol.ApiError(f"generation failed: {u.text}", 500,
-                                         kind="server_error").body())
+        failure = ended_by_server(u)
+        if failure is not None:
+          yield _event(failure.body())
+          yield "data: [DONE]\n\n"
           return
         delta = u.delta
         if u.finish_reason:
@@ -257,28 +272,31 @@ def create_app(policy: Policy, settings: Settings, attribute_model: AttributeMod
 
   @app.post("/v1/chat/completions")
   async def chat(request: fastapi.Request):
-    req = _parse(protocol.ChatRequest, await request.body())
+    req = await asyncio.to_thread(_parse, protocol.ChatRequest, await request.body())
     given, param = req.requested_attributes()
     attributes = protocol.attributes(given, settings.attributes, param)
     label = template.label_string(attributes)
-    conv = protocol.conversation(req.messages, label, settings.system)
-    prompt = template.generation_prompt(conv, attributes)
-    j = job(req, policy.encode(prompt), chat=True)
+
+    def render() -> list[int]:
+      conv = protocol.conversation(req.messages, label, settings.system)
+      return policy.encode(template.generation_prompt(conv, attributes))
+
+    j = job(req, await asyncio.to_thread(render), chat=True)  # off the event loop
     logging.info("chat: stream=%s n=%d prompt_tokens=%d max_tokens=%d attributes=%s",
                  req.stream, req.n, len(j.prompt_ids), j.max_tokens, label)
     return await respond(j, req, request)
 
   @app.post("/v1/completions")
   async def completions(request: fastapi.Request):
-    req = _parse(protocol.CompletionRequest, await request.body())
+    req = await asyncio.to_thread(_parse, protocol.CompletionRequest, await request.body())
     check_model(req.model)
     if req.max_tokens == 0 and not req.echo:
       raise protocol.ApiError("max_tokens=0 generates nothing: give echo=true to score the"
                               " prompt, or max_tokens >= 1", param="max_tokens")
     if req.stream and req.logprobs is not None:
       raise protocol.ApiError("logprobs with stream is not supported", param="logprobs")
-    prompts = completions_lib.prompts(req.prompt, policy.encode_plain, policy.decode,
-                                      vocab)
+    prompts = await asyncio.to_thread(completions_lib.prompts, req.prompt,
+                                      policy.encode_plain, policy.decode, vocab)
     jobs = [job(req, ids, chat=False, echo=text if req.echo else "") for ids, text in prompts]
     logging.info("completions: stream=%s prompts=%d n=%d prompt_tokens=%d max_tokens=%d"
                  " echo=%s logprobs=%s", req.stream, len(jobs), req.n, prompt_tokens(jobs),
@@ -309,7 +327,9 @@ def create_app(policy: Policy, settings: Settings, attribute_model: AttributeMod
 
   @app.post("/v1/rewards")
   async def rewards(request: fastapi.Request):
-    req = _parse(protocol.RewardRequest, await request.body())
+    req = await asyncio.to_thread(_parse, protocol.RewardRequest, await request.body())
+    if req.model is not None:
+      check_model(req.model)
     if attribute_model is None:
       raise protocol.ApiError("this server has no attribute model: start it with"
                               " --config.scorer.source=<attribute_model workdir>", 404,
@@ -333,6 +353,9 @@ def create_app(policy: Policy, settings: Settings, attribute_model: AttributeMod
     scored = [None if np.isnan(p).any() else p for p in preds]
     rewards_ = [None if p is None else float(rewards_lib.rewards(p[None], weights)[0])
                 for p in scored]
+    if not all(r is None or math.isfinite(r) for r in rewards_):
+      raise protocol.ApiError("weights: the weighted reward overflows; give smaller weights",
+                              param="weights")
     return {"object": "list", "model": settings.model_name,
             "data": protocol.reward_rows(scored, rewards_)}
 
@@ -348,6 +371,12 @@ def create_app(policy: Policy, settings: Settings, attribute_model: AttributeMod
       "max_tokens": settings.max_tokens, "rewards": attribute_model is not None,
       "api_key": bool(settings.api_key)})
   return app
+
+
+async def _disconnect(request: fastapi.Request) -> None:
+  """Returns when the client has gone away (the body has been read already)."""
+  while (await request.receive())["type"] != "http.disconnect":
+    pass
 
 
 def _event(data: dict) -> str:

@@ -38,7 +38,30 @@ class ApiError(Exception):
 
 
 class _Strict(pydantic.BaseModel):
-  model_config = pydantic.ConfigDict(extra="forbid")
+  # NaN and infinities are refused as what they are, not as out of a range.
+  model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def check_unicode(data: Any) -> None:
+  """ApiError naming the first string (key or value) of a parsed JSON body that is not
+  Unicode text: JSON's `\\ud800` escapes can carry lone surrogates, which no tokenizer
+  encodes."""
+  todo = [("", data)]
+  while todo:
+    where, value = todo.pop()
+    if isinstance(value, dict):
+      for key, item in value.items():
+        todo.append((f"{where}.{key}" if where else str(key), key))
+        todo.append((f"{where}.{key}" if where else str(key), item))
+    elif isinstance(value, list):
+      todo.extend((f"{where}.{i}" if where else str(i), item) for i, item in enumerate(value))
+    elif isinstance(value, str):
+      try:
+        value.encode("utf-8")
+      except UnicodeEncodeError:
+        raise ApiError(f"{where}: the text holds a lone surrogate (an unpaired \\ud800-"
+                       "\\udfff escape), which is not Unicode text",
+                       param=where or None) from None
 
 
 class StreamOptions(_Strict):
@@ -54,6 +77,19 @@ class Message(_Strict):
   role: Literal["system", "developer", "user", "assistant"]
   content: str | list[TextPart]
   name: str | None = None
+
+  @pydantic.field_validator("content", mode="before")
+  @classmethod
+  def _text_parts_only(cls, content: Any) -> Any:
+    if isinstance(content, list):
+      for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text":
+          raise ValueError(f"this model reads text only: content parts must have type"
+                           f" 'text', not {kind!r}")
+    elif not isinstance(content, str):
+      raise ValueError("give a string or a list of text parts")
+    return content
 
   def text(self) -> str:
     return self.content if isinstance(self.content, str) else "".join(

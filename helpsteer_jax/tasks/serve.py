@@ -8,20 +8,24 @@ connections, lets in-flight requests finish and exits 0.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import signal
+import threading
 import time
 
 import jax
 import ml_collections
+from absl import logging
 
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.serve import app as app_lib
-from helpsteer_jax.serve import backend
+from helpsteer_jax.serve import backend, guard
 from helpsteer_jax.tasks import setup as setup_lib
 
 API_KEY_ENV = "HELPSTEER_API_KEY"
+ABORT_GRACE_SECONDS = 5  # after the drain time: for the aborted requests' answers to go out
 
 
 def model_name(config: ml_collections.ConfigDict) -> str:
@@ -38,11 +42,31 @@ def settings(config: ml_collections.ConfigDict) -> app_lib.Settings:
     raise ConfigError(f"serve.max_tokens={s.max_tokens} and serve.max_n={s.max_n} must be >= 1")
   if not 0 <= config.sampling.temperature <= 2 or not 0 < config.sampling.top_p <= 1:
     raise ConfigError("sampling.temperature must be in 0..2 and sampling.top_p in (0, 1]")
+  if s.max_request_bytes < 0:
+    raise ConfigError(f"serve.max_request_bytes={s.max_request_bytes} must be >= 0 (0: sized"
+                      " for the context)")
+  api_key = s.api_key or os.environ.get(API_KEY_ENV, "")
+  if not api_key and s.host not in guard.LOOPBACK_HOSTS:
+    if not s.allow_no_key:
+      raise ConfigError(
+          f"serve.host={s.host!r} is reachable from other machines and no API key is set:"
+          f" set ${API_KEY_ENV} (or serve.api_key), or pass --config.serve.allow_no_key=true"
+          " to serve without one")
+    logging.warning("serving on %s without an API key: anyone who can reach it can generate",
+                    s.host)
   return app_lib.Settings(
       model_name=model_name(config), attributes=backend.default_attributes(config),
-      system=config.system, api_key=s.api_key or os.environ.get(API_KEY_ENV, ""),
+      system=config.system, api_key=api_key,
+      allowed_hosts=guard.allowed_hosts(s.allowed_hosts, s.host),
+      max_request_bytes=s.max_request_bytes,
       max_tokens=s.max_tokens, max_n=s.max_n, temperature=float(config.sampling.temperature),
       top_p=float(config.sampling.top_p))
+
+
+def request_bytes(limit: int, max_length: int) -> int:
+  """`serve.max_request_bytes`, or for 0 room for a whole context of text written as JSON
+  escapes: 32 bytes per token, at least 1 MiB."""
+  return limit or max(1 << 20, 32 * max_length)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -61,13 +85,32 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if attribute_model is not None and hasattr(attribute_model.scorer, "warm_up"):
       attribute_model.scorer.warm_up()  # every length bucket: no compile while serving
   policy.engine.start()
+  api = dataclasses.replace(api, max_request_bytes=request_bytes(
+      config.serve.max_request_bytes, policy.engine.max_length))
   app = app_lib.create_app(policy, api, attribute_model, compiles)
   print(f"serve: {api.model_name} warmed up in {time.perf_counter() - start:.1f}s"
         f" ({compiles.count} compiles); API http://{config.serve.host}:{config.serve.port}/v1,"
         f" playground http://{config.serve.host}:{config.serve.port}/", flush=True)
-  server = uvicorn.Server(uvicorn.Config(
+  drain = config.serve.drain_seconds
+  engine = policy.engine
+
+  class Server(uvicorn.Server):
+    """uvicorn's server, whose first exit signal also starts the drain timer: when it
+    runs out, the engine ends what is left ("abort"), so every client still gets an
+    error (a stream's error event and `[DONE]`, or a 503) before connections close."""
+
+    def handle_exit(self, sig, frame):
+      if not self.should_exit:
+        timer = threading.Timer(drain, engine.abort, (
+            f"the server is shutting down: generation did not finish within its drain"
+            f" time of {drain}s",))
+        timer.daemon = True
+        timer.start()
+      super().handle_exit(sig, frame)
+
+  server = Server(uvicorn.Config(
       app, host=config.serve.host, port=config.serve.port, log_level="info",
-      timeout_graceful_shutdown=config.serve.drain_seconds))
+      timeout_graceful_shutdown=drain + ABORT_GRACE_SECONDS))
   # uvicorn drains on SIGTERM / SIGINT, then re-raises the signal to the handler
   # it found: with this one, a drained server returns and the process exits 0.
   for sig in (signal.SIGTERM, signal.SIGINT):
