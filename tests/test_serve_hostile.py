@@ -14,6 +14,7 @@ import threading
 import time
 
 import httpx
+import jsonschema
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -31,6 +32,16 @@ server = server_fixture("serve_hostile", "--config.serve.drain_seconds=0",
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 2}
 ITEM = {"messages": [{"role": "user", "content": "Hi."}], "response": "Hello."}
 AUTH = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+
+
+@pytest.fixture(scope="module")
+def schemas(server) -> dict:
+  """The server's /openapi.json components, for jsonschema (`{"$ref": ...}` + these)."""
+  return {"components": httpx.get(f"{server.base}/openapi.json").json()["components"]}
+
+
+def _valid(instance, name: str, schemas: dict) -> None:
+  jsonschema.validate(instance, {"$ref": f"#/components/schemas/{name}", **schemas})
 
 
 @pytest.fixture()
@@ -173,7 +184,7 @@ FIELDS = ["model", "messages", "prompt", "max_tokens", "temperature", "top_p", "
 @given(route=st.sampled_from(["chat/completions", "completions", "rewards"]),
        changes=st.dictionaries(st.sampled_from(FIELDS), BODY_VALUES, max_size=4),
        nested=st.dictionaries(st.sampled_from(FIELDS), BODY_VALUES, max_size=2))
-def test_no_body_gets_a_server_error(http, route, changes, nested):
+def test_no_body_gets_a_server_error(http, schemas, route, changes, nested):
   base = {"chat/completions": CHAT, "completions": {"model": "tiny", "prompt": "Hi",
                                                    "max_tokens": 2},
           "rewards": {"items": [ITEM]}}[route]
@@ -187,7 +198,37 @@ def test_no_body_gets_a_server_error(http, route, changes, nested):
   response = http.post(f"/v1/{route}", content=json.dumps(body, allow_nan=True))
   assert response.status_code < 500, (body, response.text)
   if response.status_code >= 400:
+    _valid(response.json(), "ErrorResponse", schemas)
     assert response.json()["error"]["message"]
+
+
+def test_openapi_documents_every_body_and_error(server, http, schemas):
+  spec = http.get("/openapi.json").json()
+  bodies = {"/v1/chat/completions": ("ChatRequest", CHAT),
+            "/v1/completions": ("CompletionRequest", {"model": "tiny", "prompt": [1, 2],
+                                                      "max_tokens": 2}),
+            "/v1/rewards": ("RewardRequest", {"items": [ITEM], "weights": {"coherence": 1}})}
+  for path, (name, example) in bodies.items():
+    post = spec["paths"][path]["post"]
+    schema = post["requestBody"]["content"]["application/json"]["schema"]
+    assert schema == {"$ref": f"#/components/schemas/{name}"}
+    for status in ("400", "401", "413", "415", "503"):
+      assert post["responses"][status]["content"]["application/json"]["schema"] == {
+          "$ref": "#/components/schemas/ErrorResponse"}, (path, status)
+    _valid(example, name, schemas)
+    assert http.post(path, json=example).status_code == 200
+    with pytest.raises(jsonschema.ValidationError):
+      _valid({**example, "unknown_field": 1}, name, schemas)
+    e = http.post(path, json={**example, "unknown_field": 1})
+    assert e.status_code == 400
+    _valid(e.json(), "ErrorResponse", schemas)
+  assert "404" in spec["paths"]["/v1/rewards"]["post"]["responses"]
+  assert "401" in spec["paths"]["/v1/models"]["get"]["responses"]
+  for refusal in (http.get("/v1/models", headers={"Authorization": "Bearer wrong"}),
+                  http.post("/v1/rewards", content="{}", headers={"Content-Type": "text/plain"}),
+                  http.post("/v1/rewards", content=b"{" * (2 << 20))):
+    assert refusal.status_code in (401, 413, 415)
+    _valid(refusal.json(), "ErrorResponse", schemas)
 
 
 def test_serving_beyond_loopback_needs_a_key_or_a_flag(monkeypatch):

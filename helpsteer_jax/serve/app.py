@@ -28,7 +28,7 @@ from helpsteer_jax.inference import engine as engine_lib
 from helpsteer_jax.inference import steering
 from helpsteer_jax.scoring import rewards as rewards_lib
 from helpsteer_jax.serve import completions as completions_lib
-from helpsteer_jax.serve import guard, playground, protocol
+from helpsteer_jax.serve import guard, openapi, playground, protocol
 from helpsteer_jax.serve.backend import AttributeModel, CompileCounter, Policy
 
 
@@ -265,12 +265,15 @@ def create_app(policy: Policy, settings: Settings, attribute_model: AttributeMod
     return JSONResponse(protocol.chat_response(settings.model_name, texts, len(j.prompt_ids),
                                                sum(u.completion_tokens for u in finals)))
 
-  @app.get("/v1/models")
+  post_errors = openapi.errors(400, 401, 413, 415, 503)
+
+  @app.get("/v1/models", responses=openapi.errors(400, 401))
   async def models():
     return {"object": "list", "data": [{"id": settings.model_name, "object": "model",
                                         "created": 0, "owned_by": "helpsteer-jax"}]}
 
-  @app.post("/v1/chat/completions")
+  @app.post("/v1/chat/completions", openapi_extra=openapi.body(protocol.ChatRequest),
+            responses=post_errors)
   async def chat(request: fastapi.Request):
     req = await asyncio.to_thread(_parse, protocol.ChatRequest, await request.body())
     given, param = req.requested_attributes()
@@ -286,7 +289,8 @@ def create_app(policy: Policy, settings: Settings, attribute_model: AttributeMod
                  req.stream, req.n, len(j.prompt_ids), j.max_tokens, label)
     return await respond(j, req, request)
 
-  @app.post("/v1/completions")
+  @app.post("/v1/completions", openapi_extra=openapi.body(protocol.CompletionRequest),
+            responses=post_errors)
   async def completions(request: fastapi.Request):
     req = await asyncio.to_thread(_parse, protocol.CompletionRequest, await request.body())
     check_model(req.model)
@@ -325,7 +329,8 @@ def create_app(policy: Policy, settings: Settings, attribute_model: AttributeMod
         settings.model_name, texts, prompt_tokens(jobs),
         sum(u.completion_tokens for u in finals), logprobs))
 
-  @app.post("/v1/rewards")
+  @app.post("/v1/rewards", openapi_extra=openapi.body(protocol.RewardRequest),
+            responses={**post_errors, **openapi.errors(404)})
   async def rewards(request: fastapi.Request):
     req = await asyncio.to_thread(_parse, protocol.RewardRequest, await request.body())
     if req.model is not None:
@@ -365,6 +370,8 @@ def create_app(policy: Policy, settings: Settings, attribute_model: AttributeMod
             "compiled_variants": engine.compiled_variants,
             "compiles": None if compiles is None else compiles.count}
 
+  openapi.install(app, [protocol.ChatRequest, protocol.CompletionRequest,
+                        protocol.RewardRequest])
   playground.add_routes(app, {
       "model": settings.model_name, "attributes": settings.attributes,
       "system": settings.system, "temperature": settings.temperature,
