@@ -1,0 +1,86 @@
+"""Advantages of sampled completions for online RL, as TRL and NeMo-RL compute them.
+
+Rewards are one per completion, [P * K] with the K samples of a prompt
+adjacent (prompt-major); per-token arrays are [B, T] over completion tokens
+with `mask` [B, T] (1 up to and including the stop token).
+
+- RLOO / REINFORCE with a leave-one-out baseline (TRL RLOOTrainer, NeMo-RL
+  REINFORCE with `use_leave_one_out_baseline`): A_i = r_i - mean_{j != i} r_j.
+- GRPO (TRL GRPOTrainer): A_i = (r_i - mean_g r) / (std_g r + eps), std with
+  Bessel's correction as torch's default; `scale=False` is Dr. GRPO's
+  unscaled form.
+- The sequence-level KL penalty folded into the reward (TRL RLOO's
+  `rlhf_reward`): r - kl_coef * sum_t (log pi - log ref).
+- GAE (Schulman et al. 2016; the backward recursion of TRL's PPOTrainer) for
+  PPO's per-token rewards, the value after a completion's last token 0.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from helpsteer_jax.errors import ConfigError
+
+
+def groups(rewards: jax.Array, k: int) -> jax.Array:
+  """[P * K] -> [P, K]; K >= 2, since a group of one has no baseline."""
+  if k < 2:
+    raise ConfigError(f"samples_per_prompt={k}: RLOO and GRPO compare each completion with"
+                      " the other samples of its prompt, so they need at least 2")
+  if rewards.shape[0] % k:
+    raise ConfigError(f"{rewards.shape[0]} rewards do not split into groups of {k}")
+  return rewards.reshape(-1, k)
+
+
+def rloo_advantages(rewards: jax.Array, k: int, normalize: bool = False) -> jax.Array:
+  """[P * K] leave-one-out advantages; `normalize`: then whitened over the batch (TRL's
+  `normalize_advantages`, std with Bessel's correction, eps 1e-8)."""
+  r = groups(rewards, k)
+  baseline = (r.sum(axis=1, keepdims=True) - r) / (k - 1)
+  adv = (r - baseline).reshape(-1)
+  if normalize:
+    adv = (adv - adv.mean()) / (jnp.std(adv, ddof=1) + 1e-8)
+  return adv
+
+
+def grpo_advantages(rewards: jax.Array, k: int, scale: bool = True,
+                    eps: float = 1e-4) -> jax.Array:
+  """[P * K] group-relative advantages: reward minus the group mean, over the group's std
+  when `scale`. A group whose rewards are all equal gets 0."""
+  r = groups(rewards, k)
+  adv = r - r.mean(axis=1, keepdims=True)
+  if scale:
+    adv = adv / (jnp.std(r, axis=1, ddof=1, keepdims=True) + eps)
+  return adv.reshape(-1)
+
+
+def with_kl_penalty(scores: jax.Array, logp: jax.Array, ref_logp: jax.Array, mask: jax.Array,
+                    kl_coef: float) -> jax.Array:
+  """[B] scores minus `kl_coef` times each completion's summed log-ratio to the
+  reference (TRL RLOO's sequence-level KL in the reward)."""
+  return scores - kl_coef * ((logp - ref_logp) * mask).sum(axis=-1)
+
+
+def truncation_penalty(scores: jax.Array, finished: jax.Array, penalty: float) -> jax.Array:
+  """[B] scores less `penalty` for completions that ran out of tokens before a stop (TRL's
+  `missing_eos_penalty`); `finished` [B] is true where a stop ended the completion."""
+  return jnp.where(finished, scores, scores - penalty)
+
+
+def gae(rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: float,
+        lam: float) -> tuple[jax.Array, jax.Array]:
+  """Generalised advantage estimates and returns, [B, T] each, from per-token rewards and
+  value predictions; positions past the mask count as terminal (value 0)."""
+  values = values * mask
+  next_values = jnp.concatenate([values[:, 1:], jnp.zeros_like(values[:, :1])], axis=1)
+  deltas = (rewards + gamma * next_values - values) * mask
+
+  def back(carry, delta):
+    adv = delta + gamma * lam * carry
+    return adv, adv
+
+  _, adv = jax.lax.scan(back, jnp.zeros(rewards.shape[:1], rewards.dtype), deltas.T,
+                        reverse=True)
+  adv = adv.T * mask
+  return adv, (adv + values) * mask

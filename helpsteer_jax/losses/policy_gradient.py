@@ -1,0 +1,85 @@
+"""Per-token policy-gradient losses of online RL, as TRL's GRPOTrainer and PPOTrainer
+define them.
+
+Arrays are [B, T] over completion tokens: `logp` under the policy being
+trained, `old_logp` under the policy that sampled (equal to `logp`, without
+gradient, on the first update of a rollout batch), `ref_logp` under the
+reference; `mask` [B, T] is 1 up to and including the stop token.
+
+- Clipped surrogate (PPO; GRPO's per-token form, DAPO's asymmetric
+  eps_low / eps_high): -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A),
+  rho = exp(logp - old_logp).
+- k3 KL estimator to the reference (Schulman's; TRL's `per_token_kl`):
+  exp(ref - logp) - (ref - logp) - 1, added as beta * KL per token.
+- Aggregation (TRL's `loss_type`): "sequence" (mean over each completion's
+  tokens, then over completions; GRPO), "token" (over all tokens of the batch;
+  TRL's "bnpo"), "dr_grpo" (sum over B * max_tokens, Dr. GRPO's constant).
+- PPO's clipped value loss: 0.5 * mean max((V - R)^2, (clip(V, V_old +- c) - R)^2).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from helpsteer_jax.errors import ConfigError
+
+AGGREGATIONS = ("sequence", "token", "dr_grpo")
+
+
+def k3_kl(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
+  """[B, T] per-token KL estimate to the reference (non-negative)."""
+  d = ref_logp - logp
+  return jnp.exp(d) - d - 1.0
+
+
+def clipped_surrogate(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array,
+                      eps_low: float, eps_high: float) -> jax.Array:
+  """[B, T] per-token loss of the clipped objective; `advantages` [B] (one per
+  completion) or [B, T] (per token)."""
+  adv = advantages[:, None] if advantages.ndim == 1 else advantages
+  ratio = jnp.exp(logp - old_logp)
+  return -jnp.minimum(ratio * adv, jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv)
+
+
+def aggregate(per_token: jax.Array, mask: jax.Array, kind: str,
+              max_tokens: int | None = None) -> jax.Array:
+  """The batch loss from [B, T] per-token losses (see AGGREGATIONS)."""
+  masked = per_token * mask
+  if kind == "sequence":
+    return (masked.sum(-1) / jnp.maximum(mask.sum(-1), 1.0)).mean()
+  if kind == "token":
+    return masked.sum() / jnp.maximum(mask.sum(), 1.0)
+  if kind == "dr_grpo":
+    if not max_tokens:
+      raise ConfigError("the dr_grpo aggregation divides by max_new_tokens: give it")
+    return masked.sum() / (per_token.shape[0] * max_tokens)
+  raise ConfigError(f"loss aggregation {kind!r}: choose one of {', '.join(AGGREGATIONS)}")
+
+
+def policy_loss(logp: jax.Array, old_logp: jax.Array, ref_logp: jax.Array | None,
+                advantages: jax.Array, mask: jax.Array, *, beta: float, eps_low: float,
+                eps_high: float, aggregation: str, max_tokens: int | None = None
+                ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """The clipped policy loss with `beta` times the k3 KL per token, aggregated; and its
+  metrics: the mean KL and the fraction of tokens whose ratio was clipped (masked means)."""
+  per_token = clipped_surrogate(logp, old_logp, advantages, eps_low, eps_high)
+  tokens = jnp.maximum(mask.sum(), 1.0)
+  metrics = {}
+  if ref_logp is not None and beta:
+    kl = k3_kl(logp, ref_logp)
+    per_token = per_token + beta * kl
+    metrics["kl"] = (kl * mask).sum() / tokens
+  adv = advantages[:, None] if advantages.ndim == 1 else advantages
+  ratio = jnp.exp(logp - old_logp)
+  clipped = ((ratio < 1.0 - eps_low) & (adv < 0)) | ((ratio > 1.0 + eps_high) & (adv > 0))
+  metrics["clip_fraction"] = (clipped * mask).sum() / tokens
+  return aggregate(per_token, mask, aggregation, max_tokens), metrics
+
+
+def value_loss(values: jax.Array, old_values: jax.Array, returns: jax.Array,
+               mask: jax.Array, clip: float) -> jax.Array:
+  """PPO's clipped value loss (TRL PPOTrainer's `vf_loss`), a masked mean over tokens."""
+  clipped = jnp.clip(values, old_values - clip, old_values + clip)
+  worst = jnp.maximum((values - returns) ** 2, (clipped - returns) ** 2)
+  return 0.5 * (worst * mask).sum() / jnp.maximum(mask.sum(), 1.0)

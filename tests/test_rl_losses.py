@@ -1,0 +1,183 @@
+"""Online-RL advantages and losses against TRL's and NeMo-RL's formulas, re-derived here in
+NumPy (float64 loops written as the references write them; compared in fp32 to 1e-5).
+
+References: TRL GRPOTrainer `_compute_loss` (advantages with torch's unbiased std and
+eps 1e-4, the clipped per-token objective with eps_low / eps_high, k3 KL, loss types
+grpo / bnpo / dr_grpo), TRL RLOOTrainer (leave-one-out baseline, `rlhf_reward` with a
+sequence-level KL, `normalize_advantages`, `missing_eos_penalty`), TRL PPOTrainer (the
+backward GAE recursion, `vf_loss`), NeMo-RL REINFORCE with a leave-one-out baseline.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.losses import advantages as adv_lib
+from helpsteer_jax.losses import policy_gradient as pg
+
+P, K, T = 3, 4, 7
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def _batch(seed=0):
+  rng = np.random.default_rng(seed)
+  b = P * K
+  logp = -rng.uniform(0.1, 3.0, (b, T))
+  old = logp + rng.normal(0, 0.3, (b, T))  # ratios on both sides of the clip range
+  ref = logp + rng.normal(0, 0.5, (b, T))
+  lengths = rng.integers(1, T + 1, b)
+  lengths[0] = T  # one completion that ran to the token limit
+  mask = (np.arange(T)[None] < lengths[:, None]).astype(np.float64)
+  rewards = rng.normal(0, 1, b)
+  rewards[K:2 * K] = 0.7  # a group whose rewards are all equal
+  return logp, old, ref, mask, rewards
+
+
+def _f32(*xs):
+  return [jnp.asarray(x, jnp.float32) for x in xs]
+
+
+def _np_rloo(rewards, k):
+  out = np.empty_like(rewards)
+  for start in range(0, len(rewards), k):
+    group = rewards[start:start + k]
+    for i in range(k):
+      others = [group[j] for j in range(k) if j != i]
+      out[start + i] = group[i] - sum(others) / (k - 1)
+  return out
+
+
+def _np_grpo(rewards, k, scale=True):
+  out = np.empty_like(rewards)
+  for start in range(0, len(rewards), k):
+    group = rewards[start:start + k]
+    mean = sum(group) / k
+    std = np.sqrt(sum((g - mean) ** 2 for g in group) / (k - 1))  # torch.std: unbiased
+    out[start:start + k] = (group - mean) / (std + 1e-4) if scale else group - mean
+  return out
+
+
+def test_rloo_and_grpo_advantages():
+  *_, rewards = _batch()
+  (r,) = _f32(rewards)
+  np.testing.assert_allclose(adv_lib.rloo_advantages(r, K), _np_rloo(rewards, K), **TOL)
+  want = _np_rloo(rewards, K)
+  want = (want - want.mean()) / (want.std(ddof=1) + 1e-8)
+  np.testing.assert_allclose(adv_lib.rloo_advantages(r, K, normalize=True), want, **TOL)
+  np.testing.assert_allclose(adv_lib.grpo_advantages(r, K), _np_grpo(rewards, K), **TOL)
+  np.testing.assert_allclose(adv_lib.grpo_advantages(r, K, scale=False),
+                             _np_grpo(rewards, K, scale=False), **TOL)
+  # The group of equal rewards: no signal, not a division by zero.
+  for a in (adv_lib.rloo_advantages(r, K), adv_lib.grpo_advantages(r, K)):
+    np.testing.assert_array_equal(np.asarray(a)[K:2 * K], 0.0)
+  # RLOO's advantage is K / (K - 1) times the group-mean-centred reward.
+  np.testing.assert_allclose(adv_lib.rloo_advantages(r, K),
+                             K / (K - 1) * adv_lib.grpo_advantages(r, K, scale=False), **TOL)
+
+
+def test_a_group_of_one_is_refused():
+  with pytest.raises(ConfigError, match="at least 2"):
+    adv_lib.rloo_advantages(jnp.zeros(4), 1)
+  with pytest.raises(ConfigError, match="at least 2"):
+    adv_lib.grpo_advantages(jnp.zeros(4), 1)
+  with pytest.raises(ConfigError, match="groups of 3"):
+    adv_lib.grpo_advantages(jnp.zeros(4), 3)
+
+
+def test_kl_in_the_reward_and_the_truncation_penalty():
+  logp, _, ref, mask, rewards = _batch(1)
+  want = np.array([rewards[i] - 0.05 * sum((logp[i, t] - ref[i, t]) * mask[i, t]
+                                           for t in range(T)) for i in range(P * K)])
+  got = adv_lib.with_kl_penalty(*_f32(rewards, logp, ref, mask), 0.05)
+  np.testing.assert_allclose(got, want, **TOL)
+  finished = mask[:, -1] == 0  # the completions that stopped before the limit
+  got = adv_lib.truncation_penalty(*_f32(rewards), jnp.asarray(finished), 1.5)
+  np.testing.assert_allclose(got, np.where(finished, rewards, rewards - 1.5), **TOL)
+
+
+def _np_policy_loss(logp, old, ref, adv, mask, beta, eps_low, eps_high, kind, max_tokens):
+  b = logp.shape[0]
+  per_token = np.zeros_like(logp)
+  for i in range(b):
+    for t in range(T):
+      ratio = np.exp(logp[i, t] - old[i, t])
+      clipped = min(max(ratio, 1 - eps_low), 1 + eps_high)
+      loss = -min(ratio * adv[i], clipped * adv[i])
+      d = ref[i, t] - logp[i, t]
+      per_token[i, t] = loss + beta * (np.exp(d) - d - 1)
+  if kind == "sequence":  # TRL loss_type="grpo"
+    return np.mean([(per_token[i] * mask[i]).sum() / max(mask[i].sum(), 1) for i in range(b)])
+  if kind == "token":  # TRL loss_type="bnpo"
+    return (per_token * mask).sum() / max(mask.sum(), 1)
+  return (per_token * mask).sum() / (b * max_tokens)  # TRL loss_type="dr_grpo"
+
+
+@pytest.mark.parametrize("kind", pg.AGGREGATIONS)
+def test_clipped_policy_loss_with_k3_kl(kind):
+  logp, old, ref, mask, rewards = _batch(2)
+  adv = _np_grpo(rewards, K)
+  want = _np_policy_loss(logp, old, ref, adv, mask, 0.04, 0.2, 0.28, kind, T)
+  got, metrics = pg.policy_loss(*_f32(logp, old, ref, adv, mask), beta=0.04, eps_low=0.2,
+                                eps_high=0.28, aggregation=kind, max_tokens=T)
+  np.testing.assert_allclose(got, want, **TOL)
+  kl = np.exp(ref - logp) - (ref - logp) - 1
+  np.testing.assert_allclose(metrics["kl"], (kl * mask).sum() / mask.sum(), **TOL)
+  assert 0 < float(metrics["clip_fraction"]) < 1
+  # Tokens after the stop change nothing.
+  noisy = np.where(mask > 0, logp, 50.0)
+  again, _ = pg.policy_loss(*_f32(noisy, old, ref, adv, mask), beta=0.04, eps_low=0.2,
+                            eps_high=0.28, aggregation=kind, max_tokens=T)
+  np.testing.assert_allclose(again, got, **TOL)
+
+
+def test_on_the_first_update_the_gradient_is_reinforce():
+  # ratio = 1 (old = logp, no gradient): the surrogate's gradient is -A / n per token.
+  logp, _, _, mask, rewards = _batch(3)
+  adv = jnp.asarray(_np_rloo(rewards, K), jnp.float32)
+  (lp, m) = _f32(logp, mask)
+
+  def loss(x):
+    return pg.policy_loss(x, jax.lax.stop_gradient(x), None, adv, m, beta=0.0, eps_low=0.2,
+                          eps_high=0.2, aggregation="token")[0]
+
+  want = -np.asarray(adv)[:, None] * mask / mask.sum()
+  np.testing.assert_allclose(jax.grad(loss)(lp), want, **TOL)
+
+
+def test_unknown_aggregation_and_dr_grpo_without_a_length():
+  x = jnp.zeros((2, 3))
+  with pytest.raises(ConfigError, match="choose one of"):
+    pg.aggregate(x, x, "mean")
+  with pytest.raises(ConfigError, match="max_new_tokens"):
+    pg.aggregate(x, x, "dr_grpo")
+
+
+def test_gae_and_the_clipped_value_loss():
+  rng = np.random.default_rng(4)
+  logp, _, _, mask, _ = _batch(4)
+  b = logp.shape[0]
+  rewards = rng.normal(0, 1, (b, T)) * mask
+  values = rng.normal(0, 1, (b, T))
+  gamma, lam = 0.99, 0.95
+  want_adv = np.zeros((b, T))
+  v = values * mask
+  for i in range(b):
+    last = 0.0
+    for t in reversed(range(T)):  # TRL PPOTrainer's recursion
+      next_value = v[i, t + 1] if t < T - 1 else 0.0
+      delta = rewards[i, t] + gamma * next_value - v[i, t]
+      last = delta + gamma * lam * last
+      want_adv[i, t] = last
+  want_adv *= mask
+  adv, returns = adv_lib.gae(*_f32(rewards, values, mask), gamma, lam)
+  np.testing.assert_allclose(adv, want_adv, **TOL)
+  np.testing.assert_allclose(returns, (want_adv + v) * mask, **TOL)
+
+  old = values + rng.normal(0, 0.5, (b, T))
+  ret = np.asarray(returns, np.float64)
+  clipped = np.clip(values, old - 0.2, old + 0.2)
+  worst = np.maximum((values - ret) ** 2, (clipped - ret) ** 2)
+  want = 0.5 * (worst * mask).sum() / mask.sum()
+  np.testing.assert_allclose(pg.value_loss(*_f32(values, old, ret, mask), 0.2), want, **TOL)
