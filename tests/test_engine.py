@@ -263,3 +263,28 @@ def test_row_buckets_hold_whole_blocks_and_bf16_on_cpu_starts_at_two_rows():
   assert engine_steps.fewest_rows("bfloat16", "cpu") == 2
   assert engine_steps.fewest_rows("bfloat16", "tpu") == engine_steps.fewest_rows(
       "float32", "cpu") == 1
+
+
+def test_load_weights_decodes_with_the_new_weights_and_compiles_nothing(setup):
+  # Reference: an engine built on the new weights. The online-RL policy is reloaded
+  # after every update, so loading must not recompile.
+  gen, _ = setup
+  tok = gen.engine.tokenizer
+  mesh = gen.engine.mesh
+  first = builder.create(catalog.model_config("tiny", initializer_range=0.1), seed=0)
+  second = builder.create(catalog.model_config("tiny", initializer_range=0.1), seed=1)
+  ids = gen.encode(_prompt(*PROMPTS[0]))
+  request = [engine_lib.DecodeRequest(ids, 12)]
+  eng = generator.make_engine(first, mesh, tok, max_batch=1, max_length=64)
+  eng.warm_up()
+  compiles = COMPILES.count
+  before = eng.generate(request)[0].token_ids
+  eng.load_weights(second)
+  loaded = eng.generate(request)[0].token_ids
+  assert COMPILES.count == compiles
+  want = generator.make_engine(second, mesh, tok, max_batch=1, max_length=64).generate(request)
+  assert loaded == want[0].token_ids != before
+  eng.load_weights(first)
+  assert eng.generate(request)[0].token_ids == before
+  with pytest.raises(ValueError, match="differ in shape"):
+    eng.load_weights(builder.create(catalog.model_config("tiny", num_layers=1), seed=0))

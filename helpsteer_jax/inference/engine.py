@@ -257,6 +257,22 @@ class Engine:
       self.aborting = reason
       self.cond.notify()
 
+  def load_weights(self, model: nnx.Module) -> None:
+    """Decodes with `model`'s weights from now on: a policy after a training update.
+    Its arrays must match the current ones in shape, dtype and sharding, so nothing
+    recompiles; no row may be live (call it between `generate` calls)."""
+    if self.busy_rows:
+      raise RuntimeError("load_weights with rows still decoding: call it between requests")
+    _, rest, layers = engine_steps.Unstacked.split(model)
+
+    def signature(tree):
+      return jax.tree.map(lambda a: (a.shape, a.dtype, a.sharding), tree)
+
+    if signature((rest, layers)) != signature((self.rest, self.layers)):
+      raise ValueError("load_weights: the model's arrays differ in shape, dtype or sharding"
+                       " from the engine's (a different architecture or mesh)")
+    self.rest, self.layers = rest, layers
+
   def generate(self, requests: Sequence[DecodeRequest]) -> list[Output]:
     """Runs `requests` to the end in the calling thread; their outputs in order.
 
