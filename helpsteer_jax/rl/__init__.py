@@ -1,0 +1,1 @@
+"""Online RL with the attribute model as the reward: rollouts, advantages, updates."""

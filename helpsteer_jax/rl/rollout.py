@@ -1,0 +1,63 @@
+"""Rollouts: K sampled completions per prompt from the engine's batch API, as arrays.
+
+The policy's current weights are in the engine (`Engine.load_weights` after
+each update); sampling runs on the same devices as training. Every
+completion's seed is derived from (seed, step, prompt, sample), so every
+process of a multi-process run draws the same completions and a resumed
+step draws them again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from helpsteer_jax.inference.engine import DecodeRequest, Engine
+
+
+@dataclasses.dataclass
+class Rollouts:
+  """P prompts x K completions, prompt-major (completion b is prompt b // K's sample
+  b % K), padded to `max_new_tokens` T.
+
+  tokens [B, T] int32 (`pad_id` after each completion), mask [B, T] float32
+  (1 through the stop token, or the last token when the limit ended it),
+  sampler_logp [B, T] float32 (each token's log-probability under the
+  distribution it was drawn from; 0 on padding), finished [B] bool (a stop
+  ended it, not the limit), texts [B] (stop strings cut).
+  """
+
+  prompts: list[list[int]]
+  k: int
+  tokens: np.ndarray
+  mask: np.ndarray
+  sampler_logp: np.ndarray
+  finished: np.ndarray
+  texts: list[str]
+
+
+def completion_seed(seed: int, step: int, prompt: int, sample: int) -> int:
+  """A uint32 sampling seed for one completion, the same on every process."""
+  return int(np.random.SeedSequence([seed, step, prompt, sample]).generate_state(1)[0])
+
+
+def sample(engine: Engine, prompts: Sequence[Sequence[int]], k: int, max_new_tokens: int, *,
+           temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+           step: int = 0, pad_id: int = 0) -> Rollouts:
+  """K completions of each prompt (token ids) with the engine's current weights."""
+  requests = [DecodeRequest(list(p), max_new_tokens, temperature=temperature, top_p=top_p,
+                            top_k=top_k, seed=completion_seed(seed, step, i, j))
+              for i, p in enumerate(prompts) for j in range(k)]
+  outputs = engine.generate(requests)
+  b = len(outputs)
+  tokens = np.full((b, max_new_tokens), pad_id, np.int32)
+  mask = np.zeros((b, max_new_tokens), np.float32)
+  logp = np.zeros((b, max_new_tokens), np.float32)
+  for i, out in enumerate(outputs):
+    n = len(out.token_ids)
+    tokens[i, :n], mask[i, :n], logp[i, :n] = out.token_ids, 1.0, out.logprobs[:n]
+  return Rollouts([list(p) for p in prompts], k, tokens, mask, logp,
+                  np.asarray([o.finish_reason == "stop" for o in outputs]),
+                  [o.text for o in outputs])
