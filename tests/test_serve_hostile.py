@@ -151,7 +151,8 @@ def test_a_large_prompt_is_tokenized_off_the_event_loop(server, http):
   for t in senders:
     t.join()
   assert [_error(a, 400)["code"] for a in answers] == ["context_length_exceeded"] * 2
-  assert len(latencies) >= 3 and max(latencies) < 0.5, latencies
+  # Blocked, the loop answered twice in the whole time, each after a second or more.
+  assert len(latencies) >= 5 and max(latencies) < 1.0, latencies
 
 
 def test_a_non_streaming_client_that_goes_away_frees_its_rows(server):
