@@ -50,3 +50,15 @@ def make_recording(scorer_config):
     return scorer(convs)
 
   return recording
+
+
+def make_brevity(scorer_config):
+  """Helpfulness 4 for an empty response, falling with its characters: a reward RL can
+  raise quickly from any policy (by ending early)."""
+  def scorer(convs):
+    out = np.zeros((len(convs), len(ATTRIBUTES)), np.float32)
+    for i, conv in enumerate(convs):
+      out[i, 4] = 4.0 - min(4.0, len(conv.turns[-1].text) / 16.0)
+    return out
+
+  return scorer

@@ -132,6 +132,22 @@ def test_clipped_policy_loss_with_k3_kl(kind):
   np.testing.assert_allclose(again, got, **TOL)
 
 
+@pytest.mark.parametrize("kind", pg.AGGREGATIONS)
+def test_micro_batch_sums_add_up_to_the_batch_loss(kind):
+  """The train loop sums each micro-batch's loss and normaliser and divides once: the
+  result is the whole batch's loss, whatever the split (TRL's grpo loss over the batch)."""
+  logp, old, ref, mask, rewards = _batch(3)
+  adv = _np_grpo(rewards, K)
+  want = _np_policy_loss(logp, old, ref, adv, mask, 0.04, 0.2, 0.2, kind, T)
+  total = weight = 0.0
+  for rows in (slice(0, 5), slice(5, 9), slice(9, P * K)):
+    t, w, _ = pg.policy_loss_sums(*_f32(logp[rows], old[rows], ref[rows], adv[rows],
+                                        mask[rows]), beta=0.04, eps_low=0.2, eps_high=0.2,
+                                  aggregation=kind, max_tokens=T)
+    total, weight = total + float(t), weight + float(w)
+  np.testing.assert_allclose(total / weight, want, **TOL)
+
+
 def test_on_the_first_update_the_gradient_is_reinforce():
   # ratio = 1 (old = logp, no gradient): the surrogate's gradient is -A / n per token.
   logp, _, _, mask, rewards = _batch(3)

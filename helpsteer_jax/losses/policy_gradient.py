@@ -42,19 +42,48 @@ def clipped_surrogate(logp: jax.Array, old_logp: jax.Array, advantages: jax.Arra
   return -jnp.minimum(ratio * adv, jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv)
 
 
-def aggregate(per_token: jax.Array, mask: jax.Array, kind: str,
-              max_tokens: int | None = None) -> jax.Array:
-  """The batch loss from [B, T] per-token losses (see AGGREGATIONS)."""
+def aggregate_sum(per_token: jax.Array, mask: jax.Array, kind: str,
+                  max_tokens: int | None = None) -> tuple[jax.Array, jax.Array]:
+  """(summed loss, its normaliser) of [B, T] per-token losses (see AGGREGATIONS): the
+  batch loss is their ratio, and sums over micro-batches give the whole batch's."""
   masked = per_token * mask
   if kind == "sequence":
-    return (masked.sum(-1) / jnp.maximum(mask.sum(-1), 1.0)).mean()
+    return (masked.sum(-1) / jnp.maximum(mask.sum(-1), 1.0)).sum(), jnp.float32(mask.shape[0])
   if kind == "token":
-    return masked.sum() / jnp.maximum(mask.sum(), 1.0)
+    return masked.sum(), mask.sum()
   if kind == "dr_grpo":
     if not max_tokens:
       raise ConfigError("the dr_grpo aggregation divides by max_new_tokens: give it")
-    return masked.sum() / (per_token.shape[0] * max_tokens)
+    return masked.sum() / max_tokens, jnp.float32(mask.shape[0])
   raise ConfigError(f"loss aggregation {kind!r}: choose one of {', '.join(AGGREGATIONS)}")
+
+
+def aggregate(per_token: jax.Array, mask: jax.Array, kind: str,
+              max_tokens: int | None = None) -> jax.Array:
+  """The batch loss from [B, T] per-token losses (see AGGREGATIONS)."""
+  total, weight = aggregate_sum(per_token, mask, kind, max_tokens)
+  return total / jnp.maximum(weight, 1.0)
+
+
+def policy_loss_sums(logp: jax.Array, old_logp: jax.Array, ref_logp: jax.Array | None,
+                     advantages: jax.Array, mask: jax.Array, *, beta: float, eps_low: float,
+                     eps_high: float, aggregation: str, max_tokens: int | None = None
+                     ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+  """`policy_loss` as sums, for accumulation over micro-batches: (summed loss, its
+  normaliser, token sums: `tokens`, `clipped` (ratio clipped) and, with a reference,
+  `kl`)."""
+  per_token = clipped_surrogate(logp, old_logp, advantages, eps_low, eps_high)
+  sums = {"tokens": mask.sum()}
+  if ref_logp is not None and beta:
+    kl = k3_kl(logp, ref_logp)
+    per_token = per_token + beta * kl
+    sums["kl"] = (kl * mask).sum()
+  adv = advantages[:, None] if advantages.ndim == 1 else advantages
+  ratio = jnp.exp(logp - old_logp)
+  clipped = ((ratio < 1.0 - eps_low) & (adv < 0)) | ((ratio > 1.0 + eps_high) & (adv > 0))
+  sums["clipped"] = (clipped * mask).sum()
+  total, weight = aggregate_sum(per_token, mask, aggregation, max_tokens)
+  return total, weight, sums
 
 
 def policy_loss(logp: jax.Array, old_logp: jax.Array, ref_logp: jax.Array | None,
@@ -63,23 +92,25 @@ def policy_loss(logp: jax.Array, old_logp: jax.Array, ref_logp: jax.Array | None
                 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The clipped policy loss with `beta` times the k3 KL per token, aggregated; and its
   metrics: the mean KL and the fraction of tokens whose ratio was clipped (masked means)."""
-  per_token = clipped_surrogate(logp, old_logp, advantages, eps_low, eps_high)
-  tokens = jnp.maximum(mask.sum(), 1.0)
-  metrics = {}
-  if ref_logp is not None and beta:
-    kl = k3_kl(logp, ref_logp)
-    per_token = per_token + beta * kl
-    metrics["kl"] = (kl * mask).sum() / tokens
-  adv = advantages[:, None] if advantages.ndim == 1 else advantages
-  ratio = jnp.exp(logp - old_logp)
-  clipped = ((ratio < 1.0 - eps_low) & (adv < 0)) | ((ratio > 1.0 + eps_high) & (adv > 0))
-  metrics["clip_fraction"] = (clipped * mask).sum() / tokens
-  return aggregate(per_token, mask, aggregation, max_tokens), metrics
+  total, weight, sums = policy_loss_sums(
+      logp, old_logp, ref_logp, advantages, mask, beta=beta, eps_low=eps_low,
+      eps_high=eps_high, aggregation=aggregation, max_tokens=max_tokens)
+  tokens = jnp.maximum(sums["tokens"], 1.0)
+  metrics = {"clip_fraction": sums["clipped"] / tokens}
+  if "kl" in sums:
+    metrics["kl"] = sums["kl"] / tokens
+  return total / jnp.maximum(weight, 1.0), metrics
+
+
+def value_loss_sum(values: jax.Array, old_values: jax.Array, returns: jax.Array,
+                   mask: jax.Array, clip: float) -> jax.Array:
+  """`value_loss` before its division by the number of tokens."""
+  clipped = jnp.clip(values, old_values - clip, old_values + clip)
+  worst = jnp.maximum((values - returns) ** 2, (clipped - returns) ** 2)
+  return 0.5 * (worst * mask).sum()
 
 
 def value_loss(values: jax.Array, old_values: jax.Array, returns: jax.Array,
                mask: jax.Array, clip: float) -> jax.Array:
   """PPO's clipped value loss (TRL PPOTrainer's `vf_loss`), a masked mean over tokens."""
-  clipped = jnp.clip(values, old_values - clip, old_values + clip)
-  worst = jnp.maximum((values - returns) ** 2, (clipped - returns) ** 2)
-  return 0.5 * (worst * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+  return value_loss_sum(values, old_values, returns, mask, clip) / jnp.maximum(mask.sum(), 1.0)

@@ -10,13 +10,19 @@ directly.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.losses import policy_gradient
 from helpsteer_jax.losses.logprobs import token_logprobs
+from helpsteer_jax.models import lora
 from helpsteer_jax.rl.rollout import Rollouts
+from helpsteer_jax.rl.settings import RLSettings
 
 
 def pack(rollouts: Rollouts, length: int, pad_id: int = 0) -> dict[str, np.ndarray]:
@@ -43,10 +49,50 @@ def pack(rollouts: Rollouts, length: int, pad_id: int = 0) -> dict[str, np.ndarr
 
 
 def completion_logprobs(model: nnx.Module, batch: dict[str, jax.Array],
-                        chunk_size: int = 256) -> jax.Array:
-  """[B, T] log-probabilities of the completion tokens under `model` (fp32; padding
-  positions hold the log-probability of the pad token, for the mask to drop)."""
+                        chunk_size: int = 256, temperature: float = 1.0) -> jax.Array:
+  """[B, T] log-probabilities of the completion tokens under `model` at `temperature`
+  (the distribution the rollouts were drawn from, before top-p; fp32; padding positions
+  hold the log-probability of the pad token, for the mask to drop)."""
   hidden = model(batch["inputs"], batch["positions"], batch["segment_ids"])
-  lp = token_logprobs(hidden, model.head_weight(), batch["targets"], chunk_size,
-                      model.cfg.final_logit_softcap)
+  softcap = model.cfg.final_logit_softcap
+  if temperature != 1.0:
+    if softcap is not None:
+      raise ConfigError("rollout.temperature != 1 with a soft-capped head (the cap applies"
+                        " before the temperature): sample at temperature 1")
+    hidden = hidden / jnp.asarray(temperature, hidden.dtype)
+  lp = token_logprobs(hidden, model.head_weight(), batch["targets"], chunk_size, softcap)
   return jnp.take_along_axis(lp, batch["at"], axis=1)
+
+
+def reference_logprobs(model: nnx.Module, batch: dict[str, jax.Array], reference: Any,
+                       chunk_size: int = 256, temperature: float = 1.0) -> jax.Array:
+  """[B, T] completion log-probabilities under the reference: `model` with its LoRA
+  adapters off when `reference` is None (the base model, no second copy of the weights),
+  else `reference`, frozen parameters of `model`'s graph."""
+  if reference is None:
+    with lora.disabled():
+      return completion_logprobs(model, batch, chunk_size, temperature)
+  trainable = nnx.LoRAParam if jax.tree.leaves(nnx.state(model, nnx.LoRAParam)) else nnx.Param
+  graphdef, _, rest = nnx.split(model, trainable, ...)
+  return completion_logprobs(nnx.merge(graphdef, reference, rest), batch, chunk_size,
+                             temperature)
+
+
+def policy_objective(model: nnx.Module, batch: dict[str, jax.Array], *,
+                     settings: RLSettings, chunk_size: int = 256
+                     ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """(summed loss, sums) of a batch of rollout rows for the training loop.
+
+  The batch holds `pack`'s fields and, [B, T]: `mask`, `advantages` (per token),
+  `old_logp` (the policy that sampled, recomputed on this path) and `ref_logp`
+  (the reference's; read only with GRPO's `beta`).
+  """
+  s = settings
+  logp = completion_logprobs(model, batch, chunk_size, s.temperature)
+  ref = batch["ref_logp"] if s.algorithm == "grpo" and s.beta else None
+  total, weight, sums = policy_gradient.policy_loss_sums(
+      logp, batch["old_logp"], ref, batch["advantages"], batch["mask"],
+      beta=s.beta if ref is not None else 0.0, eps_low=s.eps_low, eps_high=s.eps_high,
+      aggregation=s.aggregation, max_tokens=s.max_new_tokens)
+  sums["weight"] = weight
+  return total, sums

@@ -60,10 +60,11 @@ class RunningMoments:
 def rollout_rewards(preds: np.ndarray, weights: Mapping[str, float], *,
                     requested: Sequence[Mapping[str, float] | None] | None = None,
                     steer_coef: float = 0.0, mean: float | None = 0.0, std: float = 1.0,
-                    moments: RunningMoments | None = None) -> np.ndarray:
+                    moments: RunningMoments | None = None,
+                    attributes: Sequence[str] = STEERABLE) -> np.ndarray:
   """[B] rewards of [B, 9] predictions: the weighted reward, standardised by (`mean`,
   `std`), or, with `mean=None`, by `moments` updated with this batch first; minus
-  `steer_coef` times the steering distance to `requested`."""
+  `steer_coef` times the steering distance to `requested` over `attributes`."""
   if np.isnan(preds).any():
     rows = np.flatnonzero(np.isnan(preds).any(axis=1)).tolist()
     raise ConfigError(f"the attribute model could not score rollouts {rows} (too long for"
@@ -78,5 +79,5 @@ def rollout_rewards(preds: np.ndarray, weights: Mapping[str, float], *,
   if steer_coef:
     if requested is None:
       raise ConfigError("the steering reward needs each rollout's requested attributes")
-    reward = reward - steer_coef * steering_distance(preds, requested)
+    reward = reward - steer_coef * steering_distance(preds, requested, attributes)
   return reward

@@ -20,6 +20,7 @@ TASKS = {
     "evaluate_generation": "helpsteer_jax.tasks.evaluate_generation",
     "steering_sweep": "helpsteer_jax.tasks.steering_sweep",
     "serve": "helpsteer_jax.tasks.serve",
+    "rl": "helpsteer_jax.tasks.rl",
 }
 
 

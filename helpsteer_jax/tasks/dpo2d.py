@@ -22,8 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
-from helpsteer_jax import runtime, saved_params
-from helpsteer_jax import sharding as sharding_lib
+from helpsteer_jax import runtime
 from helpsteer_jax.data import chat_template
 from helpsteer_jax.data.batches import CACHED_PAIR_BATCH, PAIR_BATCH, BatchSchema
 from helpsteer_jax.data.features import pair_rows
@@ -33,11 +32,10 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.losses import dpo2d
 from helpsteer_jax.losses.pair_logprobs import preference_loss
 from helpsteer_jax.models import builder
+from helpsteer_jax.tasks import policy, setup_2d
 from helpsteer_jax.tasks import setup as setup_lib
-from helpsteer_jax.tasks import setup_2d
 from helpsteer_jax.tasks import summary as summary_lib
 from helpsteer_jax.train import abstract_step, export, loop, reference
-from helpsteer_jax.train import state as state_lib
 
 REFERENCE_MODES = ("cached", "on_the_fly")
 
@@ -93,27 +91,14 @@ def load_features(path: str, config, cfg: dpo2d.PreferenceLossConfig, tokenizer)
 
 
 def steer_spec(config: ml_collections.ConfigDict) -> chat_template.SteerSpec:
-  """The export's steerable attributes: the response label's, else the policy source's.
-
-  The source is `init.hf_path` or the AC-SFT run of `init.checkpoint`
-  (its `hf/` export); a source without a `steerlm` section (or a fresh
-  model) means no label.
-  """
+  """The export's steerable attributes: the response label's, else the policy source's
+  (`policy.source_spec`)."""
   if config.data.response_label:
     try:
       return chat_template.SteerSpec.from_label(config.data.response_label)
     except ValueError as e:
       raise ConfigError(f"data.response_label: {e}") from None
-  init = config.init
-  candidates = [pathlib.Path(init.hf_path)] if init.hf_path else []
-  if init.checkpoint:
-    run = pathlib.Path(init.checkpoint).expanduser()
-    candidates += [run / "hf", run.parent / "hf"]
-  for candidate in candidates:
-    spec = chat_template.read_spec(candidate)
-    if spec is not None:
-      return spec
-  return chat_template.NO_LABELS
+  return policy.source_spec(config)
 
 
 def _model_source(config) -> str:
@@ -122,25 +107,6 @@ def _model_source(config) -> str:
                      "init_step": init.step, "model": m.name, "seed": config.seed,
                      "dtype": m.dtype,
                      "lora_adapter": m.lora.adapter, "lora_base_dtype": m.lora.base_dtype})
-
-
-def _restore_policy(parts: state_lib.ModelParts, run: str, step: int = -1) -> bool:
-  """The starting policy from an AC-SFT run's checkpoint (`step`; -1: the latest): its
-  parameters, or under LoRA its whole model as the frozen base (its adapters, if it
-  trained LoRA: then True)."""
-  saved, step = saved_params.param_shapes(run, step)
-  saved_lora = any(any(k.endswith("_lora") for k in path) for path in saved)
-  if parts.base and not saved_lora:
-    parts.base = saved_params.restore_params(
-        run, sharding_lib.abstract_arrays(parts.base, parts.base_shardings), step)[0]
-    return False
-  if saved_lora and not parts.base:
-    raise ConfigError(f"{run} trained LoRA adapters: set model.lora.adapter=<its adapter"
-                      " directory> with init.hf_path=<its base>, or export it merged"
-                      " (train.export_merged) and start from that init.hf_path")
-  parts.params = saved_params.restore_params(
-      run, sharding_lib.abstract_arrays(parts.params, parts.param_shardings), step)[0]
-  return saved_lora
 
 
 def _with_reference(features, ref):
@@ -199,10 +165,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if not train_features:
     raise ConfigError(f"no usable training pairs in {train_src} (see the log for why)")
 
-  parts = state_lib.split_model(runtime.build_model(config, rt), rt.mesh, rt.rules)
-  fresh_adapters = True
-  if config.init.checkpoint:
-    fresh_adapters = not _restore_policy(parts, config.init.checkpoint, config.init.step)
+  parts, fresh_adapters = policy.load_policy(config, rt)
   adapters_off = adapters_off_reference(config, fresh_adapters)
 
   chunk, vocab_chunk = config.train.loss_chunk_size, config.loss.vocab_chunk_size

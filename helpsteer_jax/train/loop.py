@@ -145,6 +145,23 @@ def jit_train_step(train_step: Callable, rt: Runtime, state_shardings: state_lib
                    out_shardings=(state_shardings, None), donate_argnums=(0,))
 
 
+def check_finite(step: int, fetched: dict[str, float], limit: int) -> None:
+  """Aborts after `limit` (`train.max_consecutive_nonfinite`) skipped updates in a row;
+  `fetched` holds a step's `nonfinite_run` and `nonfinite_total` metrics."""
+  run = int(fetched["nonfinite_run"])
+  if run:
+    logging.warning("step %d: %d update(s) in a row skipped for a non-finite loss or"
+                    " gradient (%d in this run so far)", step, run,
+                    int(fetched["nonfinite_total"]))
+  if limit and run >= limit:
+    first = step - run + 1
+    raise TrainingError(
+        f"the loss or gradients were non-finite for {run} consecutive steps ({first}..{step},"
+        f" global batches {first - 1}..{step - 1} counting from 0 in the training stream);"
+        " every update was skipped. Lower optimizer.lr, raise optimizer.warmup_steps or"
+        " check those batches' data; train.max_consecutive_nonfinite sets the limit")
+
+
 class Trainer:
   """Builds the jitted step and runs it with logging, eval and checkpoints."""
 
@@ -271,7 +288,7 @@ class Trainer:
         self.checkpointer.save(step, self.state, self.train_iter, preempted=preempted)
         if step % tc.log_every == 0 or step == end or preempted:
           fetched = {k: float(v) for k, v in jax.device_get(pending).items()}
-          self._check_finite(step, fetched)
+          check_finite(step, fetched, tc.max_consecutive_nonfinite)
           elapsed = time.perf_counter() - window_start
           tps = window_tokens / max(elapsed, 1e-9)
           fetched.update(tokens_per_s=tps, step_time=elapsed / window_steps,
@@ -305,21 +322,6 @@ class Trainer:
     if step == start:
       last = metrics_lib.last_logged(self.workdir, step)
     return RunResult(status, step, last, eval_metrics)
-
-  def _check_finite(self, step: int, fetched: dict[str, float]) -> None:
-    """Aborts after `train.max_consecutive_nonfinite` skipped updates in a row."""
-    run, limit = int(fetched["nonfinite_run"]), self.tc.max_consecutive_nonfinite
-    if run:
-      logging.warning("step %d: %d update(s) in a row skipped for a non-finite loss or"
-                      " gradient (%d in this run so far)", step, run,
-                      int(fetched["nonfinite_total"]))
-    if limit and run >= limit:
-      first = step - run + 1
-      raise TrainingError(
-          f"the loss or gradients were non-finite for {run} consecutive steps ({first}..{step},"
-          f" global batches {first - 1}..{step - 1} counting from 0 in the training stream);"
-          " every update was skipped. Lower optimizer.lr, raise optimizer.warmup_steps or"
-          " check those batches' data; train.max_consecutive_nonfinite sets the limit")
 
   def close(self) -> None:
     self.checkpointer.close()

@@ -1,0 +1,147 @@
+"""Online RL with the attribute model as the reward: RLOO, GRPO (and PPO).
+
+  # the default AC-SFT run's policy, the demo prompts, the demo data's rules as the reward
+  helpsteer-jax --config=configs/acsft.py && helpsteer-jax --config=configs/rl.py
+  # GRPO with the trained demo attribute model as the reward
+  helpsteer-jax --config=configs/rl.py --config.algorithm=grpo \
+      --config.scorer.source=workdir/attribute_model
+  # HelpSteer2-Preference's REINFORCE-leave-one-out on Llama 3 70B with LoRA
+  helpsteer-jax --config=configs/rl.py:llama3_70b \
+      --config.init.hf_path=/models/Llama-3-70B-SteerLM-HF \
+      --config.prompts.train_path=/data/helpsteer2/train.jsonl.gz \
+      --config.scorer.source=/runs/attribute_model_70b --config.model.lora.rank=16
+
+Each iteration samples `rollout.samples_per_prompt` completions for each of
+`rollout.prompts_per_iteration` prompts with the current policy, scores them
+with `config.scorer` (rewards: the weighted attribute predictions, normalised,
+minus the steering distance), and updates the policy `loss.epochs` times over
+the batch in optimizer steps of `train.global_batch` completions.
+`train.num_steps` counts iterations.
+
+Presets: the default (the demo AC-SFT run's tiny policy, demo prompts),
+`smollm2_135m`, `llama3_8b`, `llama3_70b` (HelpSteer2's PPO settings: lr 1e-7,
+KL 3e-3, the 0.65/0.8/0.45 reward).
+"""
+
+import ml_collections
+
+from helpsteer_jax import config_base
+from helpsteer_jax.config_sections import (
+  DEFAULT_STOP_STRINGS,
+  DEFAULT_SYSTEM,
+  DEMO_SHAPE,
+  optimizer_config,
+  scorer_section,
+  steer_config,
+  train_config,
+)
+
+PRESETS = ("demo", "smollm2_135m", "llama3_8b", "llama3_70b")
+RENAMED = config_base.MODEL_RENAMED
+ALGORITHMS = ("rloo", "grpo", "ppo")
+# HelpSteer2's PPO reward (arXiv 2406.08673): helpfulness, correctness and coherence only.
+PPO_WEIGHTS = {"helpfulness": 0.65, "correctness": 0.8, "coherence": 0.45, "complexity": 0.0,
+               "verbosity": 0.0}
+
+
+def _prompts():
+  return ml_collections.ConfigDict(dict(
+      train_path="",      # .jsonl ({"prompt", "attributes"?}; HelpSteer2 rows), text, "" = demo
+      eval_path="",       # prompts whose greedy answers are scored; "" = 50 held-out demo ones
+      system=DEFAULT_SYSTEM,
+      eval_limit=50,      # the first N eval prompts (0 = all)
+      demo_train_prompts=1024,
+      # Steerable attributes drawn at random per prompt (0..4) instead of the run's values,
+      # e.g. "complexity,verbosity": RL then sees (and the steering reward scores) many.
+      sample_attributes=""))
+
+
+def _rollout():
+  return ml_collections.ConfigDict(dict(
+      prompts_per_iteration=16,
+      samples_per_prompt=4,   # K: RLOO's and GRPO's group size (>= 2)
+      max_new_tokens=64,
+      temperature=1.0, top_p=1.0, top_k=0,
+      max_batch=0,            # rows the engine decodes at once; 0 = every completion
+      add_bos=True,
+      stop_strings=tuple(DEFAULT_STOP_STRINGS)))
+
+
+def _loss():
+  return ml_collections.ConfigDict(dict(
+      kl_coef=0.05,        # rloo, ppo: the KL to the reference in the reward
+      beta=0.04,           # grpo: k3 KL to the reference per token in the loss
+      eps_low=0.2, eps_high=0.2,  # ratio clipping (DAPO: eps_high > eps_low)
+      aggregation="",      # "sequence" | "token" | "dr_grpo"; "" = the algorithm's own
+      normalize_advantages=False,  # rloo: whiten advantages over the batch
+      scale_advantages=True,       # grpo: divide by the group's std (False: Dr. GRPO)
+      truncation_penalty=0.0,      # subtracted from completions cut at max_new_tokens
+      epochs=1,            # passes over a rollout batch (> 1: ratios move off 1, clipping)
+      # ppo
+      gamma=1.0, lam=0.95, value_clip=0.2, value_coef=0.1,
+      critic_init="policy"))  # "policy" or "scorer" (the attribute model's backbone)
+
+
+def _reward():
+  return ml_collections.ConfigDict(dict(
+      normalize="running",  # "running" (moments of every reward so far), "fixed", "none"
+      mean=0.0, std=1.0,    # normalize=fixed: (reward - mean) / std
+      stats_path="",        # normalize=fixed: a JSON {"mean":, "std":} (e.g. the RM's train set)
+      steer_coef=0.0,       # lambda: minus lambda * |predicted - requested| (steerable attrs)
+      steer_attributes="complexity,verbosity"))
+
+
+def _demo(config):
+  config.model = config_base.model_section("tiny", **DEMO_SHAPE, attention_block_size=64)
+  config.init.checkpoint = "workdir/acsft"   # the default AC-SFT run
+  config.train = train_config(num_steps=40, global_batch=64, micro_batch=64, seq_len=192,
+                              log_every=1, eval_every=10, save_every=10,
+                              export_dtype="float32", loss_chunk_size=64)
+  config.optimizer = optimizer_config(lr=5e-5, schedule="constant", warmup_steps=0,
+                                      weight_decay=0.0, grad_clip=1.0)
+  return config
+
+
+def _big(config, preset, *, lr, kl, tensor=1):
+  config.model = config_base.model_section(preset, dtype="bfloat16", param_dtype="float32",
+                                          remat_policy="full")
+  config.train = train_config(num_steps=200, global_batch=128, micro_batch=16, seq_len=2048,
+                              log_every=1, eval_every=20, save_every=10, keep_checkpoints=2,
+                              loss_chunk_size=512)
+  config.optimizer = optimizer_config(lr=lr, schedule="constant", warmup_steps=10,
+                                      weight_decay=0.0, grad_clip=1.0)
+  config.rollout.update(prompts_per_iteration=32, samples_per_prompt=4, max_new_tokens=1024,
+                        max_batch=128)
+  config.loss.kl_coef = kl
+  config.reward.normalize = "fixed"
+  config.mesh = config_base.mesh_config(data=1, fsdp=-1, tensor=tensor)
+  config.scorer.model = config_base.model_section(preset, dtype="bfloat16", param_dtype="float32")
+  config.scorer.batch_size = 16
+  config.require_hf_path = preset != "smollm2_135m"
+  return config
+
+
+def get_config(preset: str = ""):
+  config = config_base.base_config("rl")
+  config.algorithm = "grpo"  # one of ALGORITHMS
+  config.prompts = _prompts()
+  config.rollout = _rollout()
+  config.loss = _loss()
+  config.reward = _reward()
+  # The attribute model: demo_rules, an attribute_model workdir or its HF export, a serve
+  # URL (/v1/rewards) or package.module:function; its predictions weighted by `weights`.
+  config.scorer = scorer_section(source="demo_rules")
+  config.scorer.weights.update(PPO_WEIGHTS)
+  config.data = config_base.data_config()  # data.add_bos: the export's chat template
+  # Requested attribute values: unset ones take the policy's own (its export's defaults).
+  config.steer = steer_config()
+  config.steer_attributes = ""
+  if preset in ("", "demo"):
+    return _demo(config)
+  if preset == "smollm2_135m":
+    return _big(config, "smollm2_135m", lr=1e-6, kl=0.05)
+  if preset == "llama3_8b":
+    return _big(config, preset, lr=1e-7, kl=3e-3)
+  if preset == "llama3_70b":
+    return _big(config, preset, lr=1e-7, kl=3e-3, tensor=8)
+  raise config_base.unknown_preset("rl", preset, PRESETS)

@@ -1,0 +1,51 @@
+"""The RL run's curves: reward and KL against the iteration, as a PNG."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+from helpsteer_jax import processes
+
+
+def read_metrics(workdir: str | pathlib.Path) -> list[dict]:
+  """metrics.jsonl's records (a line cut short by a kill is skipped)."""
+  path = pathlib.Path(workdir) / "metrics.jsonl"
+  out = []
+  if path.exists():
+    for line in path.read_text(encoding="utf-8").splitlines():
+      try:
+        out.append(json.loads(line))
+      except json.JSONDecodeError:
+        continue
+  return out
+
+
+def eval_rewards(records: list[dict]) -> dict[int, float]:
+  """{iteration: greedy eval reward}, the last record of each iteration winning."""
+  return {r["step"]: r["eval_reward"] for r in records if "eval_reward" in r}
+
+
+def plot_curves(workdir: str | pathlib.Path) -> pathlib.Path | None:
+  """Process 0 writes `<workdir>/rl_curves.png` (rollout reward, greedy eval reward, KL)."""
+  records = read_metrics(workdir)
+  train = {r["step"]: r for r in records if "reward" in r}
+  if not processes.is_primary() or not train:
+    return None
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  steps = sorted(train)
+  evals = eval_rewards(records)
+  fig, (ax_r, ax_kl) = plt.subplots(1, 2, figsize=(10, 3.8))
+  ax_r.plot(steps, [train[s]["reward"] for s in steps], label="rollouts (sampled)")
+  ax_r.plot(sorted(evals), [evals[s] for s in sorted(evals)], "o-", label="eval (greedy)")
+  ax_r.set(xlabel="iteration", ylabel="reward", title="weighted attribute reward")
+  ax_r.legend()
+  ax_kl.plot(steps, [train[s]["kl"] for s in steps])
+  ax_kl.set(xlabel="iteration", ylabel="KL (nats per completion)", title="KL to the reference")
+  fig.tight_layout()
+  out = pathlib.Path(workdir) / "rl_curves.png"
+  fig.savefig(out, dpi=110)
+  plt.close(fig)
+  return out

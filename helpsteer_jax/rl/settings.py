@@ -1,0 +1,140 @@
+"""The RL task's settings, read from the config and checked before anything compiles."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+
+import ml_collections
+
+from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.losses.policy_gradient import AGGREGATIONS
+from helpsteer_jax.rl.rewards import STEERABLE
+
+ALGORITHMS = ("rloo", "grpo", "ppo")
+# TRL's defaults: GRPO averages each completion's tokens; RLOO and PPO score whole
+# completions and average over the batch's tokens.
+DEFAULT_AGGREGATION = {"rloo": "token", "grpo": "sequence", "ppo": "token"}
+NORMALIZATIONS = ("running", "fixed", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class RLSettings:
+  algorithm: str
+  prompts: int              # P per iteration
+  k: int                    # completions per prompt
+  max_new_tokens: int
+  temperature: float
+  top_p: float
+  top_k: int
+  kl_coef: float            # in the reward (rloo, ppo)
+  beta: float               # k3 in the loss (grpo)
+  eps_low: float
+  eps_high: float
+  aggregation: str
+  normalize_advantages: bool
+  scale_advantages: bool
+  truncation_penalty: float
+  epochs: int
+  updates_per_epoch: int    # optimizer steps per pass over a rollout batch
+  normalize: str
+  reward_mean: float
+  reward_std: float
+  steer_coef: float
+  steer_attributes: tuple[str, ...]
+  gamma: float
+  lam: float
+  value_clip: float
+  value_coef: float
+  critic_init: str
+
+  @property
+  def rows(self) -> int:
+    """Completions per iteration."""
+    return self.prompts * self.k
+
+  @property
+  def updates(self) -> int:
+    """Optimizer steps per iteration."""
+    return self.epochs * self.updates_per_epoch
+
+  @property
+  def uses_reference(self) -> bool:
+    return bool(self.beta if self.algorithm == "grpo" else self.kl_coef)
+
+
+def _fixed_moments(rc: ml_collections.ConfigDict) -> tuple[float, float]:
+  if not rc.stats_path:
+    return float(rc.mean), float(rc.std)
+  path = pathlib.Path(rc.stats_path)
+  try:
+    stats = json.loads(path.read_text())
+    return float(stats["mean"]), float(stats["std"])
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise ConfigError(f"reward.stats_path={path}: expected a JSON object with numbers"
+                      f" 'mean' and 'std' ({type(e).__name__}: {e})") from None
+
+
+def read(config: ml_collections.ConfigDict) -> RLSettings:
+  """The settings, or a ConfigError listing every problem and what to change."""
+  ro, lc, rc, tc = config.rollout, config.loss, config.reward, config.train
+  problems = []
+  algorithm = config.algorithm
+  if algorithm not in ALGORITHMS:
+    problems.append(f"algorithm={algorithm!r}: choose one of {', '.join(ALGORITHMS)}")
+  k, p = int(ro.samples_per_prompt), int(ro.prompts_per_iteration)
+  if algorithm in ("rloo", "grpo") and k < 2:
+    problems.append(f"rollout.samples_per_prompt={k}: {algorithm} compares each completion"
+                    " with the other samples of its prompt, so it needs at least 2")
+  if k < 1 or p < 1:
+    problems.append("rollout.prompts_per_iteration and rollout.samples_per_prompt must be >= 1")
+  rows = max(k, 1) * max(p, 1)
+  if tc.global_batch < 1 or rows % tc.global_batch:
+    problems.append(f"train.global_batch={tc.global_batch} (completions per optimizer step)"
+                    f" must divide the {rows} completions of an iteration"
+                    f" (rollout.prompts_per_iteration x rollout.samples_per_prompt)")
+  if ro.max_new_tokens < 1 or ro.max_new_tokens >= tc.seq_len:
+    problems.append(f"rollout.max_new_tokens={ro.max_new_tokens} must be in 1.."
+                    f"{tc.seq_len - 1} (train.seq_len holds the prompt and the completion)")
+  if not ro.temperature > 0:
+    problems.append(f"rollout.temperature={ro.temperature}: RL samples, so it must be > 0")
+  aggregation = lc.aggregation or DEFAULT_AGGREGATION.get(algorithm, "token")
+  if aggregation not in AGGREGATIONS:
+    problems.append(f"loss.aggregation={aggregation!r}: choose one of {', '.join(AGGREGATIONS)}")
+  if not (0 <= lc.eps_low < 1 and lc.eps_high >= 0):
+    problems.append(f"loss.eps_low={lc.eps_low} must be in [0, 1) and loss.eps_high >= 0")
+  if lc.kl_coef < 0 or lc.beta < 0:
+    problems.append("loss.kl_coef and loss.beta must be >= 0")
+  if lc.epochs < 1:
+    problems.append(f"loss.epochs={lc.epochs} must be >= 1")
+  if rc.normalize not in NORMALIZATIONS:
+    problems.append(f"reward.normalize={rc.normalize!r}: choose one of {NORMALIZATIONS}")
+  mean, std = _fixed_moments(rc) if rc.normalize == "fixed" else (0.0, 1.0)
+  if not (math.isfinite(mean) and math.isfinite(std) and std > 0):
+    problems.append(f"the fixed reward normalisation needs a finite mean and a std > 0,"
+                    f" got {mean}, {std}")
+  steer = tuple(a.strip() for a in rc.steer_attributes.split(",") if a.strip())
+  unknown = [a for a in steer if a not in STEERABLE]
+  if unknown:
+    problems.append(f"reward.steer_attributes: {unknown} are not steerable ({STEERABLE})")
+  if lc.critic_init not in ("policy", "scorer"):
+    problems.append(f"loss.critic_init={lc.critic_init!r}: choose 'policy' or 'scorer'")
+  if algorithm == "ppo":
+    problems.append("algorithm=ppo: the PPO trainer (value head, GAE) is not part of this"
+                    " release yet; use rloo or grpo")
+  if problems:
+    raise ConfigError("; ".join(problems))
+  return RLSettings(
+      algorithm=algorithm, prompts=p, k=k, max_new_tokens=int(ro.max_new_tokens),
+      temperature=float(ro.temperature), top_p=float(ro.top_p), top_k=int(ro.top_k),
+      kl_coef=float(lc.kl_coef), beta=float(lc.beta), eps_low=float(lc.eps_low),
+      eps_high=float(lc.eps_high), aggregation=aggregation,
+      normalize_advantages=bool(lc.normalize_advantages),
+      scale_advantages=bool(lc.scale_advantages),
+      truncation_penalty=float(lc.truncation_penalty), epochs=int(lc.epochs),
+      updates_per_epoch=rows // tc.global_batch, normalize=rc.normalize, reward_mean=mean,
+      reward_std=std, steer_coef=float(rc.steer_coef), steer_attributes=steer,
+      gamma=float(lc.gamma), lam=float(lc.lam), value_clip=float(lc.value_clip),
+      value_coef=float(lc.value_coef), critic_init=lc.critic_init)

@@ -1,0 +1,374 @@
+"""The RL loop: rollouts, rewards, advantages and policy updates on one mesh.
+
+An iteration:
+
+1. samples K completions for each of its P prompts with the current policy
+   (`rollout.sample`, the engine's batch API; the prompts of iteration i and
+   every completion's seed are derived from (seed, i), so a resumed or
+   repeated iteration draws the same ones on every process);
+2. scores them with the attribute scorer (the same predictions on every
+   process) and turns the predictions into rewards (`rewards`);
+3. recomputes the sampling policy's log-probabilities on the training path
+   (and the reference's): the sampler's own differ from the trainer's by
+   kernel and cache numerics, and the importance ratio must be exactly 1 on
+   the first update for the clipped objective to be REINFORCE's gradient;
+4. computes advantages (`losses.advantages`) and runs `loss.epochs` passes of
+   optimizer steps of `train.global_batch` completions (the shared train
+   step of `train.loop`, gradient accumulation included);
+5. puts the new weights into the engine (`Engine.load_weights`, no recompile).
+
+A checkpoint is written after an iteration (the train state, and the
+running reward moments as the data item); a run killed inside an iteration
+resumes at its start and repeats it exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import pathlib
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+from jax.sharding import NamedSharding
+
+from helpsteer_jax import processes, runtime
+from helpsteer_jax import sharding as sharding_lib
+from helpsteer_jax.inference import steering
+from helpsteer_jax.inference.engine import Engine
+from helpsteer_jax.losses import advantages as adv_lib
+from helpsteer_jax.models import builder
+from helpsteer_jax.progress import Progress
+from helpsteer_jax.rl import objective, rewards, rollout
+from helpsteer_jax.rl.settings import RLSettings
+from helpsteer_jax.scoring import rewards as scoring_rewards
+from helpsteer_jax.scoring.scorer import Scorer, predict
+from helpsteer_jax.train import base_fingerprint, loop, optim
+from helpsteer_jax.train import checkpoint as ckpt_lib
+from helpsteer_jax.train import metrics as metrics_lib
+from helpsteer_jax.train import preemption as preemption_lib
+from helpsteer_jax.train import state as state_lib
+
+
+@dataclasses.dataclass
+class Prompt:
+  """A prompt to answer and its token ids (the AC-SFT prompt format, with its label)."""
+
+  request: steering.Request
+  ids: list[int]
+
+
+class HostState:
+  """What the loop keeps on the host between iterations, checkpointed as the data item:
+  the running reward moments."""
+
+  def __init__(self):
+    self.moments = rewards.RunningMoments()
+
+  def get_state(self) -> bytes:
+    return json.dumps(dataclasses.asdict(self.moments)).encode()
+
+  def set_state(self, state: bytes) -> None:
+    self.moments = rewards.RunningMoments(**json.loads(state))
+
+  def start_prefetch(self) -> None:
+    pass
+
+
+@dataclasses.dataclass
+class RLResult:
+  status: str          # "finished" | "preempted" | "stopped"
+  iteration: int
+  last_metrics: dict[str, float]
+  eval_history: list[dict[str, float]]
+
+
+class RLTrainer:
+  """Runs `train.num_steps` iterations of `settings.algorithm` (see the module doc).
+
+  `reference`: None for no reference, "adapters_off" for the LoRA base, else
+  (frozen params, their shardings). `weights`: the reward's [9] weights.
+  `make_engine(model)` builds the decoding engine on the (restored) policy.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
+               rt: runtime.Runtime, parts: state_lib.ModelParts, settings: RLSettings,
+               make_engine: Callable[[Any], Engine], scorer: Scorer, weights: np.ndarray,
+               train_prompts: Sequence[Prompt], eval_prompts: Sequence[Prompt],
+               reference: Any = None, export_fn: Callable | None = None):
+    self.config, self.rt, self.parts, self.s = config, rt, parts, settings
+    self.scorer, self.weights = scorer, weights
+    self.train_prompts, self.eval_prompts = list(train_prompts), list(eval_prompts)
+    self.workdir, self.tc, self.export_fn = pathlib.Path(workdir), config.train, export_fn
+    loop.check_batch_config(self.tc, rt)
+    self.accum = self.tc.global_batch // self.tc.micro_batch
+    self.tx, self.schedule = optim.make_optimizer(config.optimizer,
+                                                  self.tc.num_steps * settings.updates)
+    self.host = HostState()
+    self.checkpointer = ckpt_lib.Checkpointer(
+        self.workdir / "checkpoints", self.tc.save_every, self.tc.keep_checkpoints,
+        async_save=self.tc.async_checkpoint)
+    self.state, self.state_shardings = state_lib.create_train_state(
+        self.tx, parts, rt.mesh, config.seed)
+    resuming = self.checkpointer.latest_step() is not None
+    base_fingerprint.check_or_record(self.checkpointer.directory, parts.base, resuming)
+    restored = self.checkpointer.restore_latest(
+        sharding_lib.abstract_arrays(self.state, self.state_shardings), self.host)
+    if restored is not None:
+      self.state = restored
+      logging.info("resuming at iteration %d", self.iteration)
+    self.batch_sharding = loop.step_batch_sharding(rt)
+    self.rows_sharding = NamedSharding(rt.mesh, sharding_lib.batch_spec(rt.rules))
+    self._compile(reference)
+    self.engine = make_engine(self.policy_model())
+
+  @property
+  def iteration(self) -> int:
+    return int(jax.device_get(self.state.step)) // self.s.updates
+
+  # -- compiled functions ------------------------------------------------------
+
+  def _compile(self, reference: Any) -> None:
+    parts, rules, chunk = self.parts, self.rt.rules, self.tc.loss_chunk_size
+    temperature, with_ref = self.s.temperature, self.s.uses_reference and reference is not None
+    loss = functools.partial(objective.policy_objective, settings=self.s, chunk_size=chunk)
+    step = loop.make_train_step(parts, loss, self.tx, self.schedule, rules, self.accum)
+    self.train_step = loop.jit_train_step(step, self.rt, self.state_shardings,
+                                          self.batch_sharding, (parts.base_shardings,))
+    frozen = () if reference in (None, "adapters_off") else (reference[0],)
+    frozen_shardings = () if not frozen else (reference[1],)
+
+    def logprobs(params, base, batch, *ref):
+      with sharding_lib.axis_rules(rules):
+        model = state_lib.merge_model(parts, params, base)
+        lp = objective.completion_logprobs(model, batch, chunk, temperature)
+        if not with_ref:
+          return lp, jnp.zeros_like(lp)
+        return lp, objective.reference_logprobs(model, batch, ref[0] if ref else None,
+                                                chunk, temperature)
+
+    with jax.set_mesh(self.rt.mesh):
+      self._logprobs = jax.jit(logprobs, in_shardings=(
+          self.state_shardings.params, parts.base_shardings, self.rows_sharding,
+          *frozen_shardings))
+    self._frozen = frozen
+
+  def _global(self, x: np.ndarray, sharding: NamedSharding) -> jax.Array:
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+  def policy_model(self):
+    """The current policy as the engine decodes it (LoRA adapters merged in)."""
+    model = state_lib.merge_model(self.parts, self.state.params)
+    return builder.merge_adapters(model) if state_lib.has_adapters(model) else model
+
+  # -- one iteration -------------------------------------------------------------
+
+  def prompt_indices(self, iteration: int) -> list[int]:
+    """The P prompts of `iteration`: epochs over the prompts, each in its own order."""
+    n, p = len(self.train_prompts), self.s.prompts
+    start = iteration * p
+    out = []
+    for pos in range(start, start + p):
+      epoch, i = divmod(pos, n)
+      out.append(int(np.random.default_rng([self.config.seed, epoch]).permutation(n)[i]))
+    return out
+
+  def _score(self, prompts: Sequence[Prompt], texts: Sequence[str],
+             finished: Sequence[bool], per_prompt: int) -> np.ndarray:
+    convs = [prompts[b // per_prompt].request.answered(
+        steering.response_text(text, "stop" if done else "length"))
+        for b, (text, done) in enumerate(zip(texts, finished))]
+    return predict(convs, self.scorer)
+
+  def _requested(self, prompts: Sequence[Prompt], per_prompt: int) -> list[dict]:
+    return [prompts[b // per_prompt].request.attributes
+            for b in range(len(prompts) * per_prompt)]
+
+  def _rewards(self, preds: np.ndarray, requested: list[dict]) -> np.ndarray:
+    s = self.s
+    if s.normalize == "running":
+      return rewards.rollout_rewards(preds, self.weights, requested=requested,
+                                     steer_coef=s.steer_coef, mean=None,
+                                     moments=self.host.moments, attributes=s.steer_attributes)
+    mean, std = (s.reward_mean, s.reward_std) if s.normalize == "fixed" else (0.0, 1.0)
+    return rewards.rollout_rewards(preds, self.weights, requested=requested,
+                                   steer_coef=s.steer_coef, mean=mean, std=std,
+                                   attributes=s.steer_attributes)
+
+  def _advantages(self, scores: np.ndarray) -> np.ndarray:
+    s = self.s
+    if s.algorithm == "rloo":
+      return np.asarray(adv_lib.rloo_advantages(jnp.asarray(scores, jnp.float32), s.k,
+                                                s.normalize_advantages))
+    return np.asarray(adv_lib.grpo_advantages(jnp.asarray(scores, jnp.float32), s.k,
+                                              s.scale_advantages))
+
+  def _logprob_pass(self, rows: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """[R, T] log-probs of the rollout tokens under the policy and the reference."""
+    micro, fields = self.tc.micro_batch, ("inputs", "targets", "positions", "segment_ids", "at")
+    outs = []
+    for lo in range(0, len(rows["inputs"]), micro):
+      batch = {k: self._global(rows[k][lo:lo + micro], self.rows_sharding) for k in fields}
+      with jax.set_mesh(self.rt.mesh):
+        outs.append(self._logprobs(self.state.params, self.parts.base, batch, *self._frozen))
+    lp, ref = zip(*jax.device_get(outs))
+    return np.concatenate(lp), np.concatenate(ref)
+
+  def run_iteration(self, iteration: int) -> dict[str, float]:
+    """Samples, scores and trains once; the iteration's metrics."""
+    s, tc = self.s, self.tc
+    t0 = time.perf_counter()
+    prompts = [self.train_prompts[i] for i in self.prompt_indices(iteration)]
+    r = rollout.sample(self.engine, [p.ids for p in prompts], s.k, s.max_new_tokens,
+                       temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                       seed=self.config.seed, step=iteration, pad_id=self.engine.pad_id)
+    t_rollout = time.perf_counter() - t0
+    preds = self._score(prompts, r.texts, r.finished, s.k)
+    requested = self._requested(prompts, s.k)
+    raw = scoring_rewards.rewards(preds, self.weights)
+    reward = self._rewards(preds, requested)
+    t_score = time.perf_counter() - t0 - t_rollout
+
+    rows = objective.pack(r, tc.seq_len, self.engine.pad_id)
+    old_logp, ref_logp = self._logprob_pass(rows)
+    mask = r.mask
+    scores = reward
+    if s.truncation_penalty:
+      scores = np.asarray(adv_lib.truncation_penalty(scores, r.finished, s.truncation_penalty))
+    kl_seq = ((old_logp - ref_logp) * mask).sum(-1)
+    if s.algorithm == "rloo" and s.kl_coef:
+      scores = np.asarray(adv_lib.with_kl_penalty(scores, old_logp, ref_logp, mask, s.kl_coef))
+    adv = self._advantages(scores)
+    rows.update(mask=mask, old_logp=old_logp * mask, ref_logp=ref_logp * mask,
+                advantages=(adv[:, None] * mask).astype(np.float32))
+    t_update0 = time.perf_counter()
+    sums = self._updates(iteration, rows)
+    t_update = time.perf_counter() - t_update0
+    self.engine.load_weights(self.policy_model())
+
+    tokens = float(mask.sum())
+    row_tokens = float(np.sum(rows["segment_ids"] > 0))
+    metrics = {
+        "reward": float(np.mean(raw)), "reward_normalized": float(np.mean(reward)),
+        "reward_std": float(np.std(raw)), "score": float(np.mean(scores)),
+        "kl": float(np.mean(kl_seq)),
+        "entropy": float(-(old_logp * mask).sum() / max(tokens, 1.0)),
+        "response_length": tokens / len(mask),
+        "truncated": float(np.mean(~r.finished)),
+        "sampler_logp_gap": float(np.abs((r.sampler_logp - old_logp) * mask).sum()
+                                  / max(tokens, 1.0)),
+        "rollout_tokens_per_s": tokens / max(t_rollout, 1e-9),
+        "update_tokens_per_s": s.epochs * row_tokens / max(t_update, 1e-9),
+        "rollout_s": t_rollout, "score_s": t_score, "update_s": t_update,
+        "iteration_s": time.perf_counter() - t0, **sums}
+    if s.steer_coef or any(requested):
+      metrics["steer_distance"] = float(np.mean(rewards.steering_distance(
+          preds, requested, s.steer_attributes)))
+    return metrics
+
+  def _updates(self, iteration: int, rows: dict[str, np.ndarray]) -> dict[str, float]:
+    """`loss.epochs` passes of optimizer steps over the rollout rows; mean metrics."""
+    s, g, micro = self.s, self.tc.global_batch, self.tc.micro_batch
+    fields = ("inputs", "targets", "positions", "segment_ids", "at", "mask", "advantages",
+              "old_logp", "ref_logp")
+    pending = []
+    for epoch in range(s.epochs):
+      order = np.random.default_rng([self.config.seed, iteration, epoch]).permutation(s.rows)
+      for u in range(s.updates_per_epoch):
+        idx = np.sort(order[u * g:(u + 1) * g])
+        batch = {k: self._global(rows[k][idx].reshape((self.accum, micro) + rows[k].shape[1:]),
+                                 self.batch_sharding) for k in fields}
+        with jax.set_mesh(self.rt.mesh):
+          self.state, metrics = self.train_step(self.state, batch, self.parts.base)
+        pending.append(metrics)
+    fetched = [{k: float(v) for k, v in m.items()} for m in jax.device_get(pending)]
+    loop.check_finite(int(jax.device_get(self.state.step)), fetched[-1],
+                      self.tc.max_consecutive_nonfinite)
+    mean = {k: float(np.mean([f[k] for f in fetched])) for k in fetched[0]}
+    tokens = max(mean.pop("tokens"), 1e-9)
+    out = {"loss": mean["loss"], "grad_norm": mean["grad_norm"],
+           "learning_rate": fetched[-1]["learning_rate"],
+           "clip_fraction": mean["clipped"] / tokens}
+    if "kl" in mean:
+      out["kl_k3"] = mean["kl"] / tokens
+    return out
+
+  # -- evaluation ------------------------------------------------------------------
+
+  def evaluate(self, iteration: int, max_new_tokens: int) -> dict[str, float]:
+    """Greedy answers to the eval prompts, scored: mean reward, steering distance,
+    length; process 0 writes them to `samples/iteration_<N>.jsonl`."""
+    if not self.eval_prompts:
+      return {}
+    r = rollout.sample(self.engine, [p.ids for p in self.eval_prompts], 1, max_new_tokens,
+                       temperature=0.0, pad_id=self.engine.pad_id)
+    preds = self._score(self.eval_prompts, r.texts, r.finished, 1)
+    raw = scoring_rewards.rewards(preds, self.weights)
+    requested = self._requested(self.eval_prompts, 1)
+    out = {"reward": float(np.mean(raw)), "response_length": float(r.mask.sum(-1).mean()),
+           "truncated": float(np.mean(~r.finished)),
+           "steer_distance": float(np.mean(rewards.steering_distance(
+               preds, requested, self.s.steer_attributes)))}
+    if processes.is_primary():
+      path = self.workdir / "samples" / f"iteration_{iteration:06d}.jsonl"
+      path.parent.mkdir(parents=True, exist_ok=True)
+      with open(path, "w", encoding="utf-8") as f:
+        for p, text, done, pred, rew in zip(self.eval_prompts, r.texts, r.finished, preds, raw):
+          row = p.request.output_row(steering.response_text(text, "stop" if done else "length"),
+                                     reward=float(rew), scores=[float(x) for x in pred])
+          f.write(json.dumps(row) + "\n")
+    return out
+
+  # -- the loop ----------------------------------------------------------------------
+
+  def run(self, stop_at: int | None = None) -> RLResult:
+    tc = self.tc
+    start = self.iteration
+    end = min(tc.num_steps, stop_at) if stop_at is not None else tc.num_steps
+    writer = metrics_lib.MetricsWriter(self.workdir)
+    progress = Progress(total=tc.num_steps, initial=start, desc=self.config.task)
+    preemption = preemption_lib.PreemptionSignal().install()
+    history, last, status = [], {}, "finished"
+    it = start
+    try:
+      if start == 0:
+        history.append({"iteration": 0, **self.evaluate(0, self.s.max_new_tokens)})
+        writer.write(0, history[-1], prefix="eval_")
+      while it < end:
+        metrics = self.run_iteration(it)
+        it += 1
+        preempted = preemption.reached(it)
+        self.checkpointer.save(it, self.state, self.host, preempted=preempted)
+        writer.write(it, metrics)
+        last = metrics
+        progress.update(1, reward=f"{metrics['reward']:.3f}", kl=f"{metrics['kl']:.3f}",
+                        tok_s=f"{metrics['rollout_tokens_per_s']:.0f}")
+        if preempted:
+          status = "preempted"
+          break
+        if (tc.eval_every and it % tc.eval_every == 0) or it == end:
+          history.append({"iteration": it, **self.evaluate(it, self.s.max_new_tokens)})
+          writer.write(it, history[-1], prefix="eval_")
+      if status == "finished" and it < tc.num_steps:
+        status = "stopped"
+      if status != "preempted":
+        self.checkpointer.save_final(it, self.state, self.host)
+      self.checkpointer.wait()
+      if status == "finished" and self.export_fn is not None and tc.export_hf:
+        self.export_fn(self.state.params)
+    finally:
+      preemption.uninstall()
+      progress.close()
+      writer.close()
+    if it == start:  # a run resumed at its end: what the run that got there logged
+      last = metrics_lib.last_logged(self.workdir, it)
+    return RLResult(status, it, last, history)
+
+  def close(self) -> None:
+    self.checkpointer.close()

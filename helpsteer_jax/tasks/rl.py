@@ -1,0 +1,147 @@
+"""Online RL of a policy against the attribute model's reward (RLOO, GRPO).
+
+Prompts come from `prompts.train_path` (a JSONL of `{"prompt", "attributes"?}`
+rows, HelpSteer2's rows included, or a text file), else the demo's prompt
+generator; each asks for the run's attribute values (the policy's own
+steerable attributes, `config.steer`), or for random ones of
+`prompts.sample_attributes`. The policy starts like 2D-DPO's
+(`tasks.policy`); the reference is the starting policy (with fresh LoRA
+adapters: the same weights with the adapters off). The loop is
+`rl.trainer`'s; the HF export carries the policy source's chat template.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+
+from helpsteer_jax import processes
+from helpsteer_jax.data.demo import rows as demo_rows
+from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.inference import generator, steering
+from helpsteer_jax.rl import report, settings
+from helpsteer_jax.rl.trainer import Prompt, RLTrainer
+from helpsteer_jax.scoring import rewards as scoring_rewards
+from helpsteer_jax.scoring.load import load_scorer
+from helpsteer_jax.tasks import policy
+from helpsteer_jax.tasks import setup as setup_lib
+from helpsteer_jax.tasks import summary as summary_lib
+from helpsteer_jax.train import export
+
+DEMO_TRAIN_SEED = 20_000  # the demo generator's seed for RL prompts (not the held-out one)
+
+
+def _requests(path: str, which: str, attributes: dict, config) -> list[steering.Request]:
+  pc = config.prompts
+  if path:
+    requests = steering.read_requests(path, attributes, pc.system)
+    seen, unique = set(), []
+    for r in requests:  # HelpSteer2 rows repeat each prompt once per response
+      key = (r.prompt, tuple(sorted(r.attributes.items())))
+      if key not in seen:
+        seen.add(key)
+        unique.append(r)
+    return unique
+  texts = (demo_rows.heldout_prompts(pc.demo_train_prompts, DEMO_TRAIN_SEED)
+           if which == "train" else demo_rows.heldout_prompts())
+  return [steering.make_request(t, attributes, pc.system) for t in texts]
+
+
+def _sampled_attributes(requests: list[steering.Request], names: str, seed: int,
+                        salt: int) -> None:
+  """Draws each request's values of `names` (0..4) from (seed, salt, its index)."""
+  chosen = steering.attribute_names(names)
+  for i, r in enumerate(requests):
+    rng = np.random.default_rng([seed, salt, i])
+    r.attributes = steering.checked({**r.attributes, **{
+        n: int(rng.integers(0, 5)) for n in chosen}})
+
+
+def read_prompts(config: ml_collections.ConfigDict, attributes: dict, encode, max_prompt: int,
+                 which: str) -> list[Prompt]:
+  """The train or eval prompts, tokenized; those over `max_prompt` tokens are dropped."""
+  pc = config.prompts
+  path = pc.train_path if which == "train" else pc.eval_path
+  requests = _requests(path, which, attributes, config)
+  if which == "eval" and pc.eval_limit:
+    requests = requests[:pc.eval_limit]
+  if pc.sample_attributes:
+    _sampled_attributes(requests, pc.sample_attributes, config.seed, 0 if which == "train" else 1)
+  prompts = [Prompt(r, encode(r.prompt_text())) for r in requests]
+  kept = [p for p in prompts if len(p.ids) <= max_prompt]
+  if len(kept) < len(prompts):
+    logging.warning("%s prompts: %d of %d are longer than %d tokens (train.seq_len -"
+                    " rollout.max_new_tokens) and are left out", which,
+                    len(prompts) - len(kept), len(prompts), max_prompt)
+  if which == "train" and not kept:
+    raise ConfigError(f"no training prompt fits in {max_prompt} tokens: raise train.seq_len"
+                      " or lower rollout.max_new_tokens")
+  return kept
+
+
+def _reference(config, s: settings.RLSettings, parts, rt, fresh_adapters: bool):
+  """None (no KL term), "adapters_off" (fresh LoRA adapters: the base is the starting
+  policy) or a frozen copy of the starting parameters with their shardings."""
+  if not s.uses_reference:
+    return None
+  if config.model.lora.rank and fresh_adapters:
+    return "adapters_off"
+  with jax.set_mesh(rt.mesh):
+    ref = jax.jit(lambda p: jax.tree.map(jnp.copy, p),
+                  out_shardings=parts.param_shardings)(parts.params)
+  return ref, parts.param_shardings
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  s = settings.read(config)
+  setup = setup_lib.prepare(config, workdir)
+  rt, workdir, tokenizer = setup.rt, setup.workdir, setup.tokenizer
+  spec = policy.source_spec(config)
+  attributes = (steering.run_attributes(config, spec)
+                if spec.attributes or config.steer_attributes else {})
+  scorer = load_scorer(config.scorer, rt)
+  weights = scoring_rewards.weight_vector(config.scorer.weights.to_dict())
+  parts, fresh_adapters = policy.load_policy(config, rt)
+  reference = _reference(config, s, parts, rt, fresh_adapters)
+  pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+  ro = config.rollout
+  make_engine = functools.partial(
+      generator.make_engine, mesh=rt.mesh, tokenizer=tokenizer, rules=rt.rules,
+      max_batch=ro.max_batch or s.rows, max_length=config.train.seq_len, pad_id=int(pad),
+      stop_strings=tuple(ro.stop_strings))
+  trainer = RLTrainer(
+      config, workdir, rt, parts, s, make_engine, scorer, weights, [], [], reference,
+      export.hf_exporter(workdir, setup.tokenizer_dir, tokenizer, parts, config, spec,
+                         "RL-trained policy"))
+  encode = generator.Generator(trainer.engine, add_bos=ro.add_bos).encode
+  max_prompt = config.train.seq_len - s.max_new_tokens
+  trainer.train_prompts = read_prompts(config, attributes, encode, max_prompt, "train")
+  trainer.eval_prompts = read_prompts(config, attributes, encode, max_prompt, "eval")
+  logging.info("rl: %s, %d training prompts, %d eval prompts, attributes %s", s.algorithm,
+               len(trainer.train_prompts), len(trainer.eval_prompts), attributes or "none")
+  result = trainer.run()
+  trainer.close()
+
+  evals = report.eval_rewards(report.read_metrics(workdir))
+  before = evals.get(0, float("nan"))
+  after = evals.get(max(evals), float("nan")) if evals else float("nan")
+  plot = report.plot_curves(workdir)
+  summary = {"status": result.status, "iteration": result.iteration,
+             "algorithm": s.algorithm, "train": result.last_metrics,
+             "eval_reward_before": before, "eval_reward_after": after,
+             "eval": result.eval_history, "plot": str(plot) if plot else None}
+  summary_lib.write_summary(
+      workdir / "summary.json", summary,
+      f"rl: {result.status} at iteration {result.iteration} ({s.algorithm}); greedy reward on"
+      f" {len(trainer.eval_prompts)} held-out prompts {before:.3f} -> {after:.3f}; KL"
+      f" {result.last_metrics.get('kl', float('nan')):.3f}")
+  if processes.is_primary() and plot:
+    print(f"rl: curves -> {plot}")
+  return summary
+
+
