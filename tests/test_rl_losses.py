@@ -197,3 +197,22 @@ def test_gae_and_the_clipped_value_loss():
   worst = np.maximum((values - ret) ** 2, (clipped - ret) ** 2)
   want = 0.5 * (worst * mask).sum() / mask.sum()
   np.testing.assert_allclose(pg.value_loss(*_f32(values, old, ret, mask), 0.2), want, **TOL)
+
+
+def test_ppo_token_rewards_and_whitened_advantages():
+  """TRL PPOTrainer: rewards = -kl_coef * (logprobs - ref_logprobs), the score added at
+  the completion's last token; advantages = masked_whiten(advantages, mask) (unbiased
+  variance, eps 1e-8), zero on padding."""
+  logp, _, ref, mask, scores = _batch(5)
+  b = logp.shape[0]
+  want = -0.05 * (logp - ref) * mask
+  for i in range(b):
+    want[i, int(mask[i].sum()) - 1] += scores[i]
+  got = adv_lib.token_rewards(*_f32(scores, logp, ref, mask), 0.05)
+  np.testing.assert_allclose(got, want, **TOL)
+
+  x = np.random.default_rng(6).normal(2.0, 3.0, (b, T))
+  valid = x[mask > 0]
+  mean, var = valid.mean(), valid.var(ddof=1)
+  want = (x - mean) / np.sqrt(var + 1e-8) * mask
+  np.testing.assert_allclose(adv_lib.whiten(*_f32(x, mask)), want, **TOL)

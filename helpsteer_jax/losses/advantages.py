@@ -12,7 +12,9 @@ with `mask` [B, T] (1 up to and including the stop token).
 - The sequence-level KL penalty folded into the reward (TRL RLOO's
   `rlhf_reward`): r - kl_coef * sum_t (log pi - log ref).
 - GAE (Schulman et al. 2016; the backward recursion of TRL's PPOTrainer) for
-  PPO's per-token rewards, the value after a completion's last token 0.
+  PPO's per-token rewards (the KL to the reference at every token, the score
+  at the last), the value after a completion's last token 0, and the
+  advantages whitened over the batch's tokens.
 """
 
 from __future__ import annotations
@@ -84,3 +86,21 @@ def gae(rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: float,
                         reverse=True)
   adv = adv.T * mask
   return adv, (adv + values) * mask
+
+
+def token_rewards(scores: jax.Array, logp: jax.Array, ref_logp: jax.Array, mask: jax.Array,
+                  kl_coef: float) -> jax.Array:
+  """[B, T] PPO rewards (TRL PPOTrainer's): -kl_coef * (log pi - log ref) at every
+  completion token, plus the completion's score at its last token."""
+  per_token = -kl_coef * (logp - ref_logp) * mask
+  last = jnp.maximum(mask.sum(axis=-1).astype(jnp.int32) - 1, 0)
+  return per_token + jax.nn.one_hot(last, mask.shape[1], dtype=per_token.dtype) * scores[:, None]
+
+
+def whiten(x: jax.Array, mask: jax.Array, eps: float = 1e-8) -> jax.Array:
+  """`x` standardised over the masked entries, 0 elsewhere (TRL's `masked_whiten` with its
+  unbiased variance, then masked as TRL's PPOTrainer masks advantages)."""
+  n = mask.sum()
+  mean = (x * mask).sum() / n
+  var = (((x - mean) * mask) ** 2).sum() / n * (n / (n - 1))
+  return (x - mean) * jax.lax.rsqrt(var + eps) * mask

@@ -10,12 +10,13 @@ directly.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding
 
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.losses import policy_gradient
@@ -23,6 +24,7 @@ from helpsteer_jax.losses.logprobs import token_logprobs
 from helpsteer_jax.models import lora
 from helpsteer_jax.rl.rollout import Rollouts
 from helpsteer_jax.rl.settings import RLSettings
+from helpsteer_jax.train import loop
 
 
 def pack(rollouts: Rollouts, length: int, pad_id: int = 0) -> dict[str, np.ndarray]:
@@ -46,6 +48,18 @@ def pack(rollouts: Rollouts, length: int, pad_id: int = 0) -> dict[str, np.ndarr
   positions = np.broadcast_to(np.arange(length, dtype=np.int32), (b, length)).copy()
   return {"inputs": inputs, "targets": targets, "positions": positions,
           "segment_ids": segment_ids, "at": at}
+
+
+def chunked(fn: Callable[[dict[str, jax.Array]], Any], rows: dict[str, np.ndarray],
+            fields: Sequence[str], micro: int, sharding: NamedSharding, mesh) -> list:
+  """`fn` over `rows` in batches of `micro` rows laid out by `sharding`; its fetched
+  outputs in order."""
+  outs = []
+  for lo in range(0, len(rows[fields[0]]), micro):
+    batch = {k: loop.global_array(rows[k][lo:lo + micro], sharding) for k in fields}
+    with jax.set_mesh(mesh):
+      outs.append(fn(batch))
+  return jax.device_get(outs)
 
 
 def completion_logprobs(model: nnx.Module, batch: dict[str, jax.Array],

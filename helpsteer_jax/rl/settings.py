@@ -121,9 +121,6 @@ def read(config: ml_collections.ConfigDict) -> RLSettings:
     problems.append(f"reward.steer_attributes: {unknown} are not steerable ({STEERABLE})")
   if lc.critic_init not in ("policy", "scorer"):
     problems.append(f"loss.critic_init={lc.critic_init!r}: choose 'policy' or 'scorer'")
-  if algorithm == "ppo":
-    problems.append("algorithm=ppo: the PPO trainer (value head, GAE) is not part of this"
-                    " release yet; use rloo or grpo")
   if problems:
     raise ConfigError("; ".join(problems))
   return RLSettings(

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec
 
 from helpsteer_jax import processes, runtime
 from helpsteer_jax import sharding as sharding_lib
@@ -45,6 +45,7 @@ from helpsteer_jax.inference.engine import Engine
 from helpsteer_jax.losses import advantages as adv_lib
 from helpsteer_jax.models import builder
 from helpsteer_jax.progress import Progress
+from helpsteer_jax.rl import critic as critic_lib
 from helpsteer_jax.rl import objective, rewards, rollout
 from helpsteer_jax.rl.settings import RLSettings
 from helpsteer_jax.scoring import rewards as scoring_rewards
@@ -95,13 +96,16 @@ class RLTrainer:
   `reference`: None for no reference, "adapters_off" for the LoRA base, else
   (frozen params, their shardings). `weights`: the reward's [9] weights.
   `make_engine(model)` builds the decoding engine on the (restored) policy.
+  `critic`: PPO's value model (`rl.critic`), trained beside the policy with
+  its own optimizer state, checkpointed as the item `critic`.
   """
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
                rt: runtime.Runtime, parts: state_lib.ModelParts, settings: RLSettings,
                make_engine: Callable[[Any], Engine], scorer: Scorer, weights: np.ndarray,
                train_prompts: Sequence[Prompt], eval_prompts: Sequence[Prompt],
-               reference: Any = None, export_fn: Callable | None = None):
+               reference: Any = None, export_fn: Callable | None = None,
+               critic: state_lib.ModelParts | None = None):
     self.config, self.rt, self.parts, self.s = config, rt, parts, settings
     self.scorer, self.weights = scorer, weights
     self.train_prompts, self.eval_prompts = list(train_prompts), list(eval_prompts)
@@ -113,15 +117,21 @@ class RLTrainer:
     self.host = HostState()
     self.checkpointer = ckpt_lib.Checkpointer(
         self.workdir / "checkpoints", self.tc.save_every, self.tc.keep_checkpoints,
-        async_save=self.tc.async_checkpoint)
+        async_save=self.tc.async_checkpoint, extra_items=("critic",) if critic else ())
     self.state, self.state_shardings = state_lib.create_train_state(
         self.tx, parts, rt.mesh, config.seed)
+    self.critic = None if critic is None else critic_lib.Critic(
+        critic, self.tx, self.schedule, rt, settings, self.accum, self.tc.micro_batch,
+        config.seed + 1)
+    extra = None if critic is None else {"critic": self.critic.abstract_state()}
     resuming = self.checkpointer.latest_step() is not None
     base_fingerprint.check_or_record(self.checkpointer.directory, parts.base, resuming)
     restored = self.checkpointer.restore_latest(
-        sharding_lib.abstract_arrays(self.state, self.state_shardings), self.host)
+        sharding_lib.abstract_arrays(self.state, self.state_shardings), self.host, extra)
     if restored is not None:
-      self.state = restored
+      self.state, others = restored if critic is not None else (restored, {})
+      if critic is not None:
+        self.critic.state = others["critic"]
       logging.info("resuming at iteration %d", self.iteration)
     self.batch_sharding = loop.step_batch_sharding(rt)
     self.rows_sharding = NamedSharding(rt.mesh, sharding_lib.batch_spec(rt.rules))
@@ -154,13 +164,11 @@ class RLTrainer:
                                                 chunk, temperature)
 
     with jax.set_mesh(self.rt.mesh):
+      # Replicated outputs: every process reads every row's log-probabilities.
       self._logprobs = jax.jit(logprobs, in_shardings=(
           self.state_shardings.params, parts.base_shardings, self.rows_sharding,
-          *frozen_shardings))
+          *frozen_shardings), out_shardings=NamedSharding(self.rt.mesh, PartitionSpec()))
     self._frozen = frozen
-
-  def _global(self, x: np.ndarray, sharding: NamedSharding) -> jax.Array:
-    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
   def policy_model(self):
     """The current policy as the engine decodes it (LoRA adapters merged in)."""
@@ -211,13 +219,11 @@ class RLTrainer:
 
   def _logprob_pass(self, rows: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """[R, T] log-probs of the rollout tokens under the policy and the reference."""
-    micro, fields = self.tc.micro_batch, ("inputs", "targets", "positions", "segment_ids", "at")
-    outs = []
-    for lo in range(0, len(rows["inputs"]), micro):
-      batch = {k: self._global(rows[k][lo:lo + micro], self.rows_sharding) for k in fields}
-      with jax.set_mesh(self.rt.mesh):
-        outs.append(self._logprobs(self.state.params, self.parts.base, batch, *self._frozen))
-    lp, ref = zip(*jax.device_get(outs))
+    outs = objective.chunked(
+        lambda b: self._logprobs(self.state.params, self.parts.base, b, *self._frozen), rows,
+        ("inputs", "targets", "positions", "segment_ids", "at"), self.tc.micro_batch,
+        self.rows_sharding, self.rt.mesh)
+    lp, ref = zip(*outs)
     return np.concatenate(lp), np.concatenate(ref)
 
   def run_iteration(self, iteration: int) -> dict[str, float]:
@@ -244,9 +250,11 @@ class RLTrainer:
     kl_seq = ((old_logp - ref_logp) * mask).sum(-1)
     if s.algorithm == "rloo" and s.kl_coef:
       scores = np.asarray(adv_lib.with_kl_penalty(scores, old_logp, ref_logp, mask, s.kl_coef))
-    adv = self._advantages(scores)
-    rows.update(mask=mask, old_logp=old_logp * mask, ref_logp=ref_logp * mask,
-                advantages=(adv[:, None] * mask).astype(np.float32))
+    rows.update(mask=mask, old_logp=old_logp * mask, ref_logp=ref_logp * mask)
+    if s.algorithm == "ppo":
+      rows["advantages"] = self.critic.advantages(rows, scores, old_logp, ref_logp)
+    else:
+      rows["advantages"] = (self._advantages(scores)[:, None] * mask).astype(np.float32)
     t_update0 = time.perf_counter()
     sums = self._updates(iteration, rows)
     t_update = time.perf_counter() - t_update0
@@ -276,16 +284,19 @@ class RLTrainer:
     """`loss.epochs` passes of optimizer steps over the rollout rows; mean metrics."""
     s, g, micro = self.s, self.tc.global_batch, self.tc.micro_batch
     fields = ("inputs", "targets", "positions", "segment_ids", "at", "mask", "advantages",
-              "old_logp", "ref_logp")
-    pending = []
+              "old_logp", "ref_logp") + (("old_values", "returns") if self.critic else ())
+    pending, critic_pending = [], []
     for epoch in range(s.epochs):
       order = np.random.default_rng([self.config.seed, iteration, epoch]).permutation(s.rows)
       for u in range(s.updates_per_epoch):
         idx = np.sort(order[u * g:(u + 1) * g])
-        batch = {k: self._global(rows[k][idx].reshape((self.accum, micro) + rows[k].shape[1:]),
-                                 self.batch_sharding) for k in fields}
+        batch = {k: loop.global_array(rows[k][idx].reshape((self.accum, micro)
+                                                           + rows[k].shape[1:]),
+                                      self.batch_sharding) for k in fields}
         with jax.set_mesh(self.rt.mesh):
           self.state, metrics = self.train_step(self.state, batch, self.parts.base)
+        if self.critic is not None:
+          critic_pending.append(self.critic.update(batch))
         pending.append(metrics)
     fetched = [{k: float(v) for k, v in m.items()} for m in jax.device_get(pending)]
     loop.check_finite(int(jax.device_get(self.state.step)), fetched[-1],
@@ -297,6 +308,13 @@ class RLTrainer:
            "clip_fraction": mean["clipped"] / tokens}
     if "kl" in mean:
       out["kl_k3"] = mean["kl"] / tokens
+    if critic_pending:
+      fetched = [{k: float(v) for k, v in m.items()} for m in jax.device_get(critic_pending)]
+      loop.check_finite(int(jax.device_get(self.critic.state.step)), fetched[-1],
+                        self.tc.max_consecutive_nonfinite)
+      out.update(value_loss=float(np.mean([f["loss"] for f in fetched])),
+                 value=float(np.mean([f["value"] for f in fetched])),
+                 value_grad_norm=float(np.mean([f["grad_norm"] for f in fetched])))
     return out
 
   # -- evaluation ------------------------------------------------------------------
@@ -344,7 +362,8 @@ class RLTrainer:
         metrics = self.run_iteration(it)
         it += 1
         preempted = preemption.reached(it)
-        self.checkpointer.save(it, self.state, self.host, preempted=preempted)
+        self.checkpointer.save(it, self.state, self.host, preempted=preempted,
+                               extra=self._extra())
         writer.write(it, metrics)
         last = metrics
         progress.update(1, reward=f"{metrics['reward']:.3f}", kl=f"{metrics['kl']:.3f}",
@@ -358,7 +377,7 @@ class RLTrainer:
       if status == "finished" and it < tc.num_steps:
         status = "stopped"
       if status != "preempted":
-        self.checkpointer.save_final(it, self.state, self.host)
+        self.checkpointer.save_final(it, self.state, self.host, extra=self._extra())
       self.checkpointer.wait()
       if status == "finished" and self.export_fn is not None and tc.export_hf:
         self.export_fn(self.state.params)
@@ -369,6 +388,9 @@ class RLTrainer:
     if it == start:  # a run resumed at its end: what the run that got there logged
       last = metrics_lib.last_logged(self.workdir, it)
     return RLResult(status, it, last, history)
+
+  def _extra(self) -> dict | None:
+    return {"critic": self.critic.state} if self.critic is not None else None
 
   def close(self) -> None:
     self.checkpointer.close()

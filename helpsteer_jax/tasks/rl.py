@@ -1,4 +1,4 @@
-"""Online RL of a policy against the attribute model's reward (RLOO, GRPO).
+"""Online RL of a policy against the attribute model's reward (RLOO, GRPO, PPO).
 
 Prompts come from `prompts.train_path` (a JSONL of `{"prompt", "attributes"?}`
 rows, HelpSteer2's rows included, or a text file), else the demo's prompt
@@ -24,6 +24,7 @@ from helpsteer_jax import processes
 from helpsteer_jax.data.demo import rows as demo_rows
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import generator, steering
+from helpsteer_jax.rl import critic as critic_lib
 from helpsteer_jax.rl import report, settings
 from helpsteer_jax.rl.trainer import Prompt, RLTrainer
 from helpsteer_jax.scoring import rewards as scoring_rewards
@@ -108,6 +109,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   weights = scoring_rewards.weight_vector(config.scorer.weights.to_dict())
   parts, fresh_adapters = policy.load_policy(config, rt)
   reference = _reference(config, s, parts, rt, fresh_adapters)
+  critic = (critic_lib.build(config, rt, s, parts, weights, setup.model_cfg.vocab_size)
+            if s.algorithm == "ppo" else None)
   pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
   ro = config.rollout
   make_engine = functools.partial(
@@ -117,7 +120,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   trainer = RLTrainer(
       config, workdir, rt, parts, s, make_engine, scorer, weights, [], [], reference,
       export.hf_exporter(workdir, setup.tokenizer_dir, tokenizer, parts, config, spec,
-                         "RL-trained policy"))
+                         "RL-trained policy"), critic)
   encode = generator.Generator(trainer.engine, add_bos=ro.add_bos).encode
   max_prompt = config.train.seq_len - s.max_new_tokens
   trainer.train_prompts = read_prompts(config, attributes, encode, max_prompt, "train")

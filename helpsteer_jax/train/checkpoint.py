@@ -77,10 +77,14 @@ class IteratorRestore(ocp.args.CheckpointArgs):
 
 
 class Checkpointer:
-  """Save every `save_every` steps and on preemption, keep `keep`, resume from the latest."""
+  """Save every `save_every` steps and on preemption, keep `keep`, resume from the latest.
+
+  `extra_items` name further array trees saved beside the train state (the
+  PPO critic's state), passed to `save` and `restore*` as `extra={name: tree}`.
+  """
 
   def __init__(self, directory: str | pathlib.Path, save_every: int, keep: int,
-               async_save: bool = True):
+               async_save: bool = True, extra_items: tuple[str, ...] = ()):
     self.directory = pathlib.Path(directory).absolute()
     policies = ocp.checkpoint_managers
     options = ocp.CheckpointManagerOptions(
@@ -88,41 +92,52 @@ class Checkpointer:
         save_decision_policy=policies.AnySavePolicy([
             policies.FixedIntervalPolicy(max(int(save_every), 1)),
             policies.PreemptionCheckpointingPolicy()]))
+    self.extra_items = tuple(extra_items)
     self.manager = _Manager(
-        self.directory, options=options, item_names=("state", "data"),
+        self.directory, options=options, item_names=("state", "data", *self.extra_items),
         item_handlers={"state": ocp.StandardCheckpointHandler(),
-                       "data": _IteratorHandler()})
+                       "data": _IteratorHandler(),
+                       **{k: ocp.StandardCheckpointHandler() for k in self.extra_items}})
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
   def save(self, step: int, state: Any, data_iterator: Any, preempted: bool = False,
-           force: bool = False) -> bool:
+           force: bool = False, extra: dict[str, Any] | None = None) -> bool:
     """Saves when Orbax's policy says so (every `save_every` steps, or `preempted`)."""
     self.manager.preempted_at = step if preempted else None
     args = ocp.args.Composite(state=ocp.args.StandardSave(state),
-                              data=IteratorSave(data_iterator))
+                              data=IteratorSave(data_iterator),
+                              **{k: ocp.args.StandardSave(v) for k, v in (extra or {}).items()})
     saved = self.manager.save(step, args=args, force=force)
     if saved:
       logging.info("checkpoint: saving step %d to %s%s", step, self.directory,
                    " (preemption)" if preempted else "")
     return saved
 
-  def save_final(self, step: int, state: Any, data_iterator: Any) -> None:
+  def save_final(self, step: int, state: Any, data_iterator: Any,
+                 extra: dict[str, Any] | None = None) -> None:
     """Saves `step` unless a checkpoint of it exists or is being written."""
     if step not in self.manager.all_steps():
-      self.save(step, state, data_iterator, force=True)
+      self.save(step, state, data_iterator, force=True, extra=extra)
 
-  def restore(self, step: int, abstract_state: Any, data_iterator: Any) -> Any:
-    """Restores into `abstract_state`'s shardings; sets the iterator's position."""
+  def restore(self, step: int, abstract_state: Any, data_iterator: Any,
+              extra: dict[str, Any] | None = None) -> Any:
+    """Restores into `abstract_state`'s shardings; sets the iterator's position. With
+    `extra` (abstract trees by item name): (state, {name: restored tree})."""
     args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
-                              data=IteratorRestore(data_iterator))
+                              data=IteratorRestore(data_iterator),
+                              **{k: ocp.args.StandardRestore(v) for k, v in (extra or {}).items()})
     restored = self.manager.restore(step, args=args)
     logging.info("checkpoint: restored step %d from %s", step, self.directory)
+    if extra is not None:
+      return restored["state"], {k: restored[k] for k in extra}
     return restored["state"]
 
-  def restore_latest(self, abstract_state: Any, data_iterator: Any) -> Any | None:
-    """The newest checkpoint that reads back (None if there is none).
+  def restore_latest(self, abstract_state: Any, data_iterator: Any,
+                     extra: dict[str, Any] | None = None) -> Any | None:
+    """The newest checkpoint that reads back (None if there is none); with `extra`, as
+    `restore` returns it.
 
     Unreadable ones are moved aside with a warning; a readable one saved from
     another model or optimizer raises ConfigError.
@@ -145,7 +160,7 @@ class Checkpointer:
             f" {sorted(set(saved) ^ set(wanted))[:3]}); it was written with another config:"
             " use another --workdir or the config it was trained with")
       try:
-        return self.restore(step, abstract_state, data_iterator)
+        return self.restore(step, abstract_state, data_iterator, extra)
       except Exception as e:  # noqa: BLE001 - shapes match, so a failed read is damage
         self._move_aside(step, f"it does not read back ({type(e).__name__}: {str(e)[:300]})")
     return None

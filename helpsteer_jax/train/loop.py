@@ -136,6 +136,12 @@ def make_train_step(parts: state_lib.ModelParts, loss_fn: LossFn,
   return train_step
 
 
+def global_array(batch: np.ndarray, sharding: NamedSharding) -> jax.Array:
+  """The global array of a host array every process holds whole; each process transfers
+  only its devices' shards."""
+  return jax.make_array_from_callback(batch.shape, sharding, lambda index: batch[index])
+
+
 def jit_train_step(train_step: Callable, rt: Runtime, state_shardings: state_lib.TrainState,
                    batch_sharding: NamedSharding, frozen_shardings: tuple = ()) -> Callable:
   """The jitted step: explicit shardings, the state donated. `frozen_shardings`
@@ -235,12 +241,7 @@ class Trainer:
     tokens = int(np.sum(batch["segment_ids"] > 0))
     stacked = {k: v.reshape((self.accum, self.tc.micro_batch) + v.shape[1:])
                for k, v in batch.items()}
-    return {k: self._global(v, self.batch_sharding) for k, v in stacked.items()}, tokens
-
-  @staticmethod
-  def _global(batch: np.ndarray, sharding: NamedSharding) -> jax.Array:
-    """The global array; each process transfers only its devices' shards."""
-    return jax.make_array_from_callback(batch.shape, sharding, lambda index: batch[index])
+    return {k: global_array(v, self.batch_sharding) for k, v in stacked.items()}, tokens
 
   # -- evaluation ------------------------------------------------------------
 
@@ -253,7 +254,7 @@ class Trainer:
       if self.tc.eval_batches and i >= self.tc.eval_batches:
         break
       with jax.set_mesh(self.rt.mesh):
-        sums = self.eval_step(self.state.params, {k: self._global(v, self.eval_batch_sharding)
+        sums = self.eval_step(self.state.params, {k: global_array(v, self.eval_batch_sharding)
                                                   for k, v in batch.items()}, *self.frozen)
       for k, v in jax.device_get(sums).items():
         totals[k] = totals.get(k, 0.0) + float(v)
