@@ -1,4 +1,4 @@
-"""Compile-only train steps of the attribute-model and 2D-DPO tasks.
+"""Compile-only train steps of the attribute-model, 2D-DPO and RL tasks.
 
 `abstract_train_step` must build the very step `Trainer` runs: the test
 lowers and compiles it on the CPU mesh for every loss / reference mode
@@ -11,7 +11,7 @@ import jax
 import pytest
 
 from helpsteer_jax import aot, runtime
-from helpsteer_jax.tasks import attribute_model, dpo2d
+from helpsteer_jax.tasks import attribute_model, dpo2d, rl
 
 from train_utils import task_config
 
@@ -42,13 +42,17 @@ CASES = {
                                "pair_weight"}),
     "regression_lora": ("attribute_model", {"model.lora.rank": 4},
                         {"inputs", "labels", "readout", "segment_ids", "positions"}),
+    # RL: the policy update on rollout rows (the reference's log-probs ride in the batch).
+    "rl_grpo": ("rl", {"rollout.max_new_tokens": 16},
+                {"inputs", "targets", "positions", "segment_ids", "at", "mask", "advantages",
+                 "old_logp", "ref_logp"}),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_abstract_step_compiles_on_the_cpu_mesh(case):
   task_name, overrides, keys = CASES[case]
-  task = {"attribute_model": attribute_model, "dpo2d": dpo2d}[task_name]
+  task = {"attribute_model": attribute_model, "dpo2d": dpo2d, "rl": rl}[task_name]
   config = tiny(task_name, **overrides)
   rt = runtime.setup(config)
   spec = task.abstract_train_step(config, rt)
@@ -57,6 +61,8 @@ def test_abstract_step_compiles_on_the_cpu_mesh(case):
   seq = config.train.seq_len
   rows = (1, 8, 2, seq) if task_name == "dpo2d" else (1, 8, seq)
   assert batch["inputs"].shape == rows
+  if task_name == "rl":
+    assert batch["at"].shape == (1, 8, 16)
   # After the batch: the frozen base weights (LoRA), then a frozen reference copy.
   assert len(spec.args) == (4 if case == "dpo2d_on_the_fly" else 3)
   base = spec.args[2]

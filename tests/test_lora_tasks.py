@@ -1,4 +1,4 @@
-"""LoRA in the tasks: AC-SFT and the attribute model train adapters on an HF base and
+"""LoRA in the tasks: AC-SFT, the attribute model and RL train adapters on an HF base and
 export them as PEFT directories; generation takes a base plus an adapter.
 
 References: `peft` on transformers' PyTorch models (`PeftModel.from_pretrained`
@@ -130,3 +130,42 @@ def test_attribute_model_lora_exports_a_peft_sequence_classifier(base_dir, tmp_p
   np.testing.assert_allclose(torch_reference.logits(merged, tokens, mask, positions), want,
                              atol=ATOL, rtol=0)
   assert np.abs(want).max() > 1e-3  # the head trained
+
+
+@needs_peft
+def test_rl_lora_exports_a_peft_adapter_of_the_trained_policy(base_dir, tmp_path):
+  """RL with LoRA on an HF base: the PEFT adapter over the base in transformers gives the
+  merged export's logits, and ours from base + adapter; the adapters moved off zero."""
+  import runpy
+
+  from helpsteer_jax.tasks import rl
+
+  from conftest import REPO_ROOT
+
+  cfg = runpy.run_path(str(REPO_ROOT / "configs" / "rl.py"))["get_config"]()
+  cfg.init.checkpoint = ""
+  cfg = _on_base(cfg, base_dir)
+  cfg.scorer.source = "fake_scorer:make_brevity"
+  cfg.prompts.update(demo_train_prompts=8, eval_limit=1)
+  cfg.rollout.update(prompts_per_iteration=2, samples_per_prompt=4, max_new_tokens=8)
+  cfg.train.update(num_steps=2, global_batch=8, micro_batch=8, seq_len=128,
+                   loss_chunk_size=64, eval_every=0, async_checkpoint=False)
+  work = tmp_path / "rl"
+  assert rl.run(cfg, str(work))["status"] == "finished"
+  adapter = work / "adapter"
+  config = json.loads((adapter / "adapter_config.json").read_text())
+  assert config["task_type"] == "CAUSAL_LM" and config["base_model_name_or_path"] == str(base_dir)
+
+  base = transformers.AutoModelForCausalLM.from_pretrained(base_dir).eval()
+  tuned = peft.PeftModel.from_pretrained(base, adapter).eval()
+  merged = transformers.AutoModelForCausalLM.from_pretrained(work / "hf").eval()
+  tokens, mask, positions = _tokens(base.config.vocab_size)
+  want = torch_reference.logits(tuned, tokens, mask, positions)
+  np.testing.assert_allclose(torch_reference.logits(merged, tokens, mask, positions), want,
+                             atol=ATOL, rtol=0)
+  with tuned.disable_adapter():
+    assert np.abs(torch_reference.logits(tuned, tokens, mask, positions) - want).max() > 1e-4
+  gen = generate_config(base_dir, adapter)
+  ours = runtime.build_model(gen, runtime.setup(gen))
+  hidden = ours(tokens.astype(np.int32), positions.astype(np.int32))
+  np.testing.assert_allclose(np.asarray(ours.logits(hidden)), want, atol=ATOL, rtol=0)

@@ -206,3 +206,24 @@ CACHED_PAIR_BATCH = PAIR_BATCH.extend(
 REFERENCE_INPUT = PAIR_BATCH.select(
     "reference_input", "inputs", "targets", "positions", "segment_ids", "token_segments",
     "seg_mask")
+
+# Online RL: a prompt and its sampled completion per row, and per completion token
+# ("completion" = max_new_tokens) the arrays the policy-gradient losses read.
+_COMPLETION = ("batch", "completion")
+ROLLOUT_BATCH = BatchSchema(
+    "rollout",
+    inputs=Field(np.int32, _TOKENS, doc="prompt then completion token ids, right-padded"),
+    targets=Field(np.int32, _TOKENS, doc="the next token ids"),
+    positions=Field(np.int32, _TOKENS, doc="token index"),
+    segment_ids=Field(np.int32, _TOKENS, doc="1 on real tokens, 0 = padding"),
+    at=Field(np.int32, _COMPLETION, doc="the row position predicting each completion token"),
+    mask=Field(np.float32, _COMPLETION, doc="1 through the stop token"),
+    advantages=Field(np.float32, _COMPLETION, doc="per-token advantage (0 on padding)"),
+    old_logp=Field(np.float32, _COMPLETION, doc="log-prob under the sampling policy"),
+    ref_logp=Field(np.float32, _COMPLETION, doc="log-prob under the reference"))
+
+# PPO: also the critic's values at sampling time and the GAE returns.
+PPO_ROLLOUT_BATCH = ROLLOUT_BATCH.extend(
+    "ppo_rollout",
+    old_values=Field(np.float32, _COMPLETION, doc="the critic's values when sampled"),
+    returns=Field(np.float32, _COMPLETION, doc="GAE advantages + values"))

@@ -26,6 +26,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from helpsteer_jax import runtime
 from helpsteer_jax import sharding as sharding_lib
+from helpsteer_jax.data.batches import PPO_ROLLOUT_BATCH
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.losses import advantages as adv_lib
 from helpsteer_jax.losses import policy_gradient
@@ -47,12 +48,11 @@ def completion_values(critic: RewardModel, batch: dict[str, jax.Array]) -> jax.A
 def value_objective(critic: RewardModel, batch: dict[str, jax.Array], *, clip: float,
                     coef: float) -> tuple[jax.Array, dict[str, jax.Array]]:
   """(summed `coef` x clipped value loss, sums with `weight` = completion tokens) for the
-  train loop; the batch holds `pack`'s fields, `mask`, `old_values` and `returns` [B, T]."""
+  train loop, on a `data.batches.PPO_ROLLOUT_BATCH`."""
+  b = PPO_ROLLOUT_BATCH.view(batch)
   values = completion_values(critic, batch)
-  mask = batch["mask"]
-  total = coef * policy_gradient.value_loss_sum(values, batch["old_values"], batch["returns"],
-                                                mask, clip)
-  return total, {"weight": mask.sum(), "value": (values * mask).sum()}
+  total = coef * policy_gradient.value_loss_sum(values, b.old_values, b.returns, b.mask, clip)
+  return total, {"weight": b.mask.sum(), "value": (values * b.mask).sum()}
 
 
 class Critic:

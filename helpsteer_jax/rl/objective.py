@@ -18,6 +18,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
+from helpsteer_jax.data.batches import ROLLOUT_BATCH
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.losses import policy_gradient
 from helpsteer_jax.losses.logprobs import token_logprobs
@@ -97,15 +98,15 @@ def policy_objective(model: nnx.Module, batch: dict[str, jax.Array], *,
                      ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """(summed loss, sums) of a batch of rollout rows for the training loop.
 
-  The batch holds `pack`'s fields and, [B, T]: `mask`, `advantages` (per token),
-  `old_logp` (the policy that sampled, recomputed on this path) and `ref_logp`
-  (the reference's; read only with GRPO's `beta`).
+  The batch is `data.batches.ROLLOUT_BATCH`: `pack`'s fields and, [B, T], `mask`,
+  `advantages` (per token), `old_logp` (the policy that sampled, recomputed on this
+  path) and `ref_logp` (the reference's; read only with GRPO's `beta`).
   """
-  s = settings
+  s, b = settings, ROLLOUT_BATCH.view(batch)
   logp = completion_logprobs(model, batch, chunk_size, s.temperature)
-  ref = batch["ref_logp"] if s.algorithm == "grpo" and s.beta else None
+  ref = b.ref_logp if s.algorithm == "grpo" and s.beta else None
   total, weight, sums = policy_gradient.policy_loss_sums(
-      logp, batch["old_logp"], ref, batch["advantages"], batch["mask"],
+      logp, b.old_logp, ref, b.advantages, b.mask,
       beta=s.beta if ref is not None else 0.0, eps_low=s.eps_low, eps_high=s.eps_high,
       aggregation=s.aggregation, max_tokens=s.max_new_tokens)
   sums["weight"] = weight

@@ -40,6 +40,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from helpsteer_jax import processes, runtime
 from helpsteer_jax import sharding as sharding_lib
+from helpsteer_jax.data.batches import PPO_ROLLOUT_BATCH, ROLLOUT_BATCH
 from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.engine import Engine
 from helpsteer_jax.losses import advantages as adv_lib
@@ -283,8 +284,7 @@ class RLTrainer:
   def _updates(self, iteration: int, rows: dict[str, np.ndarray]) -> dict[str, float]:
     """`loss.epochs` passes of optimizer steps over the rollout rows; mean metrics."""
     s, g, micro = self.s, self.tc.global_batch, self.tc.micro_batch
-    fields = ("inputs", "targets", "positions", "segment_ids", "at", "mask", "advantages",
-              "old_logp", "ref_logp") + (("old_values", "returns") if self.critic else ())
+    fields = (PPO_ROLLOUT_BATCH if self.critic else ROLLOUT_BATCH).names
     pending, critic_pending = [], []
     for epoch in range(s.epochs):
       order = np.random.default_rng([self.config.seed, iteration, epoch]).permutation(s.rows)

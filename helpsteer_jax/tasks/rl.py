@@ -20,19 +20,21 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from helpsteer_jax import processes
+from helpsteer_jax import processes, runtime
+from helpsteer_jax.data.batches import ROLLOUT_BATCH
 from helpsteer_jax.data.demo import rows as demo_rows
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import generator, steering
+from helpsteer_jax.models import builder
 from helpsteer_jax.rl import critic as critic_lib
-from helpsteer_jax.rl import report, settings
+from helpsteer_jax.rl import objective, report, settings
 from helpsteer_jax.rl.trainer import Prompt, RLTrainer
 from helpsteer_jax.scoring import rewards as scoring_rewards
 from helpsteer_jax.scoring.load import load_scorer
 from helpsteer_jax.tasks import policy
 from helpsteer_jax.tasks import setup as setup_lib
 from helpsteer_jax.tasks import summary as summary_lib
-from helpsteer_jax.train import export
+from helpsteer_jax.train import abstract_step, export
 
 DEMO_TRAIN_SEED = 20_000  # the demo generator's seed for RL prompts (not the held-out one)
 
@@ -96,6 +98,32 @@ def _reference(config, s: settings.RLSettings, parts, rt, fresh_adapters: bool):
     ref = jax.jit(lambda p: jax.tree.map(jnp.copy, p),
                   out_shardings=parts.param_shardings)(parts.params)
   return ref, parts.param_shardings
+
+
+def abstract_train_step(config: ml_collections.ConfigDict,
+                        rt: runtime.Runtime) -> abstract_step.StepSpec:
+  """The policy's update step on abstract weights and rollout batches (compile-only runs):
+  `train.micro_batch` rows of `train.seq_len` tokens, `rollout.max_new_tokens` of them
+  completion. The step trains the policy only; what else an iteration holds in memory
+  (the engine's weights and cache, a reference copy, the attribute model, PPO's critic)
+  is listed in the report's notes."""
+  s = settings.read(config)
+  model_cfg = runtime.model_config(config, weights=False)
+  loss = functools.partial(objective.policy_objective, settings=s,
+                           chunk_size=config.train.loss_chunk_size)
+  fields = ROLLOUT_BATCH.row_fields(length=config.train.seq_len, completion=s.max_new_tokens)
+  spec = abstract_step.trainer_step_spec(
+      config, rt, lambda: builder.new_model(model_cfg), loss, fields,
+      model_cfg.flops_per_token(config.train.seq_len))
+  resident = ["the engine's per-layer copy of the policy's weights and its KV cache"]
+  if s.uses_reference and not config.model.lora.rank:
+    resident.append("a frozen copy of the starting policy (the reference)")
+  if s.algorithm == "ppo":
+    resident.append("the critic's train state")
+  resident.append("a local attribute model (scorer.source)")
+  spec.notes.append("also resident during an iteration, not in this step: "
+                    + "; ".join(resident))
+  return spec
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
