@@ -26,7 +26,8 @@ SLOW_FIRST = (
     "test_model.py", "test_fault_tolerance.py", "test_engine.py", "test_determinism.py",
     "test_decode.py", "test_family_tasks.py", "test_rm_hf_tasks.py", "test_aot_tasks.py",
     "test_marker_tokens.py", "test_steerlm_pipeline.py", "test_lora_tasks.py",
-    "test_dpo2d_task.py", "test_lora.py", "test_lora_dpo.py", "test_serve.py")
+    "test_dpo2d_task.py", "test_lora.py", "test_lora_dpo.py", "test_serve.py",
+    "test_rl_task.py")
 
 
 def _stack() -> str:
