@@ -181,11 +181,13 @@ class RLTrainer:
   def prompt_indices(self, iteration: int) -> list[int]:
     """The P prompts of `iteration`: epochs over the prompts, each in its own order."""
     n, p = len(self.train_prompts), self.s.prompts
-    start = iteration * p
+    orders = {}
     out = []
-    for pos in range(start, start + p):
+    for pos in range(iteration * p, (iteration + 1) * p):
       epoch, i = divmod(pos, n)
-      out.append(int(np.random.default_rng([self.config.seed, epoch]).permutation(n)[i]))
+      if epoch not in orders:
+        orders[epoch] = np.random.default_rng([self.config.seed, epoch]).permutation(n)
+      out.append(int(orders[epoch][i]))
     return out
 
   def _score(self, prompts: Sequence[Prompt], texts: Sequence[str],
