@@ -115,7 +115,9 @@ def _big(config, preset, *, lr, kl, tensor=1):
   config.loss.kl_coef = kl
   config.reward.normalize = "fixed"
   config.mesh = config_base.mesh_config(data=1, fsdp=-1, tensor=tensor)
-  config.scorer.model = config_base.model_section(preset, dtype="bfloat16", param_dtype="float32")
+  # scoring only: bf16 weights
+  config.scorer.model = config_base.model_section(preset, dtype="bfloat16",
+                                                 param_dtype="bfloat16")
   config.scorer.batch_size = 16
   config.require_hf_path = preset != "smollm2_135m"
   return config
