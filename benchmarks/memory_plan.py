@@ -3,10 +3,11 @@
 python benchmarks/memory_plan.py [--budget-minutes 60] [--only llama2_70b]
 
 Compiles each recipe's real train step (its task's preset: sequence length
-4096, bf16 compute, fp32 master weights and Adam moments, splash attention,
-FSDP over the slice) ahead of time for compile-only TPU devices and records
-XLA's per-device memory. Every cell is a full-depth compile (about a minute
-for a 70B model on an idle 2-core CPU; compiles run one at a time, since
+4096 (RL: 2048, with the iteration's resident arrays), bf16 compute, fp32
+master weights and Adam moments, splash attention, FSDP over the slice) ahead
+of time for compile-only TPU devices and records XLA's per-device memory.
+Every cell is a full-depth compile (about a minute for a 70B model on an
+idle 2-core CPU; compiles run one at a time, since
 parallel ones only slow each other down): compiles with fewer layers
 do not extrapolate (XLA's peak moves between the vocabulary projection and
 the layer stack as depth grows; linear extrapolation from 4- and 8-layer
@@ -50,6 +51,7 @@ class Recipe:
   rows: int        # batch rows per optimizer step (a 2D-DPO row is a pair)
   row_note: str = "sequence"
   lora: bool = False  # LoRA rank 16 on all seven projections, bf16 base
+  overrides: tuple = ()  # (config key, value) pairs
 
 
 LORA = dict(rank=16, alpha=32.0, targets="all", base_dtype="bfloat16")
@@ -67,10 +69,15 @@ RECIPES = (
     Recipe("llama3_70b 2D-DPO", "dpo2d", "llama3_70b", 64, "pair"),
     Recipe("llama3_70b AC-SFT LoRA", "acsft", "llama3_70b", 128, lora=True),
     Recipe("llama3_70b 2D-DPO LoRA", "dpo2d", "llama3_70b", 64, "pair", lora=True),
+    Recipe("llama3_70b RL (GRPO)", "rl", "llama3_70b", 128, "completion"),
+    Recipe("llama3_70b RL (GRPO) LoRA", "rl", "llama3_70b", 128, "completion", lora=True),
+    Recipe("llama3_70b RL (PPO)", "rl", "llama3_70b", 128, "completion",
+           overrides=(("algorithm", "ppo"),)),
 )
 # Full fine-tuning next to LoRA in the smallest-slice table.
 SLICE_PAIRS = (("llama3_70b AC-SFT", "llama3_70b AC-SFT LoRA"),
-               ("llama3_70b 2D-DPO", "llama3_70b 2D-DPO LoRA"))
+               ("llama3_70b 2D-DPO", "llama3_70b 2D-DPO LoRA"),
+               ("llama3_70b RL (GRPO)", "llama3_70b RL (GRPO) LoRA"))
 
 
 def cell_config(recipe: Recipe, chips: int, per_device: int, remat: str, layers: int = 0):
@@ -82,6 +89,9 @@ def cell_config(recipe: Recipe, chips: int, per_device: int, remat: str, layers:
   config.init.hf_path = ""
   if layers:
     config.model.num_layers = layers
+  for key, value in recipe.overrides:
+    section, _, name = key.rpartition(".")
+    (config[section] if section else config)[name] = value
   if recipe.lora:  # the reference of 2D-DPO: the policy with its adapters off
     config.model.lora.update(LORA)
     if recipe.config == "dpo2d":
@@ -228,6 +238,16 @@ def render(results: dict) -> str:
       "splash attention (block 512), FSDP over the slice (tensor parallelism only",
       "where a slice has more chips than rows per step), the recipe's rows per",
       "optimizer step (gradient accumulation makes up the rest).",
+      "",
+      "RL (`configs/rl.py`, Llama 3 70B preset): the policy's update step at the",
+      "preset's 2048 tokens (1024 new) on 128 completions per step, compiled with",
+      "what an iteration keeps in device memory beside it as arguments the step does",
+      "not read (`rl/resident.py`), so the figure is the iteration's: the engine's",
+      "copy of the weights and the KV cache of its 128 rollout rows, the reference",
+      "(a frozen copy; with LoRA the adapters switch off, no copy), a bf16 Llama 3",
+      "70B attribute model, and for PPO the critic's train state (its backbone",
+      "from the policy, its own Adam moments). The rollout's decode step adds only",
+      "its small temporaries to the same resident set.",
       "",
       "Memory is XLA's per-device figure: arguments + outputs - donated + temporaries",
       "+ code, against the chip's HBM (v5p 95 GiB, v5e 16 GiB, v6e 32 GiB). Every",

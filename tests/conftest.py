@@ -9,6 +9,18 @@ os.environ["XLA_FLAGS"] = (
     " --xla_backend_optimization_level=0"
 ).strip()
 os.environ.setdefault("TPU_LOG_DIR", os.path.join(os.path.dirname(__file__), "..", ".tpu_logs"))
+# One persistent XLA compilation cache per test run, shared by both pytest workers (they
+# inherit the variable) and every process a test starts (the CLI, servers, process
+# groups), which compile the same tiny models' programs again and again; removed at the
+# end by the process that made it. HELPSTEER_TEST_XLA_CACHE=0 turns it off.
+_MADE_XLA_CACHE = ""
+if os.environ.get("HELPSTEER_TEST_XLA_CACHE", "1") != "0":
+  if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    import tempfile
+    _MADE_XLA_CACHE = tempfile.mkdtemp(prefix="helpsteer-jax-xla-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _MADE_XLA_CACHE
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pathlib  # noqa: E402
 import sys  # noqa: E402
@@ -72,3 +84,9 @@ def sentencepiece_dir(tmp_path_factory) -> pathlib.Path:
   out.mkdir()
   shutil.copy(src, out / "tokenizer.model")
   return out
+
+
+def pytest_unconfigure(config):
+  if _MADE_XLA_CACHE:
+    import shutil
+    shutil.rmtree(_MADE_XLA_CACHE, ignore_errors=True)

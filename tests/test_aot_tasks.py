@@ -63,8 +63,9 @@ def test_abstract_step_compiles_on_the_cpu_mesh(case):
   assert batch["inputs"].shape == rows
   if task_name == "rl":
     assert batch["at"].shape == (1, 8, 16)
-  # After the batch: the frozen base weights (LoRA), then a frozen reference copy.
-  assert len(spec.args) == (4 if case == "dpo2d_on_the_fly" else 3)
+  # After the batch: the frozen base weights (LoRA), then a frozen reference copy (2D-DPO)
+  # or what an RL iteration keeps resident (test_rl_step_counts_the_iteration_s_arrays).
+  assert len(spec.args) == (4 if case in ("dpo2d_on_the_fly", "rl_grpo") else 3)
   base = spec.args[2]
   if "lora" in case:
     trained = ["/".join(str(k.key) for k in path) for path, _ in
@@ -81,6 +82,36 @@ def test_abstract_step_compiles_on_the_cpu_mesh(case):
   assert spec.tokens_per_step == config.train.global_batch * per_row
   assert spec.num_params > 0 and spec.analytic_flops_per_step > 0
   del state
+
+
+@pytest.mark.parametrize("overrides, held", [
+    ({"algorithm": "grpo"}, {"engine", "reference"}),
+    ({"algorithm": "ppo", "scorer.source": ""}, {"engine", "reference", "attribute_model",
+                                                  "critic"}),
+    ({"algorithm": "rloo", "model.lora.rank": 4, "model.lora.base_dtype": "bfloat16",
+      "scorer.source": "/runs/attribute_model"}, {"engine", "attribute_model"}),
+])
+def test_rl_step_counts_the_iteration_s_arrays(overrides, held):
+  """The RL step compiles with what an iteration keeps in device memory as unread
+  arguments: XLA's argument bytes are the step's own plus exactly those arrays."""
+  from helpsteer_jax.rl import resident, settings
+  config = tiny("rl", **{"rollout.max_new_tokens": 16, "mesh.fsdp": 2, "mesh.tensor": 2,
+                         "mesh.data": 2, **overrides})
+  rt = runtime.setup(config)
+  spec = rl.abstract_train_step(config, rt)
+  arrays = spec.args[-1]
+  assert set(arrays) == held
+  engine = arrays["engine"]
+  cache = engine["kv_cache"]
+  assert len(cache) == 2 * config.model.num_layers
+  rows = config.rollout.max_batch or settings.read(config).rows  # 0: all of an iteration
+  assert cache[0].shape[:3] == (rows, config.model.num_kv_heads, config.train.seq_len)
+  if "lora" in str(overrides):  # the engine decodes merged weights at the base's dtype
+    assert {str(x.dtype) for x in jax.tree.leaves(engine["weights"])} == {"bfloat16"}
+  compiled = spec.lower().compile()
+  own = resident.per_device_bytes(spec.args[:-1])
+  got = compiled.memory_analysis().argument_size_in_bytes
+  assert got == own + resident.per_device_bytes(arrays), (got, own)
 
 
 @pytest.mark.slow  # one TPU compile of a 1-layer model, ~20 s idle

@@ -9,7 +9,6 @@ outside reference in tests/test_decode.py.
 """
 
 import queue
-import threading
 
 import jax
 import numpy as np
@@ -21,25 +20,13 @@ from helpsteer_jax.inference import engine as engine_lib
 from helpsteer_jax.inference import engine_steps, generator, steering
 from helpsteer_jax.inference import sampling as sampling_lib
 from helpsteer_jax.models import builder, catalog, hf
+from helpsteer_jax.serve.backend import CompileCounter
 
 PROMPTS = [("What is 2 plus 3?", 2), ("Name a colour", 4),
            ("Tell me a long story about dragons, castles and a very old wizard", 0), ("hi", 1)]
 
 
-class CompileCounter:
-  """Counts XLA backend compiles in this process (JAX's monitoring events)."""
-
-  def __init__(self):
-    self.count = 0
-    self._lock = threading.Lock()
-    jax.monitoring.register_event_duration_secs_listener(self._on_event)
-
-  def _on_event(self, event: str, duration: float, **kwargs) -> None:
-    if event == "/jax/core/compile/backend_compile_duration":
-      with self._lock:
-        self.count += 1
-
-
+# Programs compiled or read from the persistent compilation cache (the tests share one).
 COMPILES = CompileCounter()
 
 

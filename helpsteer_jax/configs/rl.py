@@ -77,6 +77,9 @@ def _loss():
       scale_advantages=True,       # grpo: divide by the group's std (False: Dr. GRPO)
       truncation_penalty=0.0,      # subtracted from completions cut at max_new_tokens
       epochs=1,            # passes over a rollout batch (> 1: ratios move off 1, clipping)
+      # Recompute the sampling policy's log-probs on the training path even with one
+      # optimizer step per rollout batch (always done with several, or top-p/top-k).
+      recompute_logprobs=False,
       # ppo
       gamma=1.0, lam=0.95, value_clip=0.2, value_coef=0.1,
       critic_init="policy"))  # "policy" or "scorer" (the attribute model's backbone)
@@ -115,7 +118,8 @@ def _big(config, preset, *, lr, kl, tensor=1):
   config.loss.kl_coef = kl
   config.reward.normalize = "fixed"
   config.mesh = config_base.mesh_config(data=1, fsdp=-1, tensor=tensor)
-  # scoring only: bf16 weights
+  # An attribute model of the same family must be given (scorer.source); scoring only: bf16.
+  config.scorer.source = ""
   config.scorer.model = config_base.model_section(preset, dtype="bfloat16",
                                                  param_dtype="bfloat16")
   config.scorer.batch_size = 16

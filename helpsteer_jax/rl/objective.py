@@ -52,15 +52,16 @@ def pack(rollouts: Rollouts, length: int, pad_id: int = 0) -> dict[str, np.ndarr
 
 
 def chunked(fn: Callable[[dict[str, jax.Array]], Any], rows: dict[str, np.ndarray],
-            fields: Sequence[str], micro: int, sharding: NamedSharding, mesh) -> list:
-  """`fn` over `rows` in batches of `micro` rows laid out by `sharding`; its fetched
-  outputs in order."""
+            fields: Sequence[str], micro: int, sharding: NamedSharding, mesh,
+            fetch: bool = True) -> list:
+  """`fn` over `rows` in batches of `micro` rows laid out by `sharding`; its outputs in
+  order, fetched to the host unless `fetch` is False (then still computing)."""
   outs = []
   for lo in range(0, len(rows[fields[0]]), micro):
     batch = {k: loop.global_array(rows[k][lo:lo + micro], sharding) for k in fields}
     with jax.set_mesh(mesh):
       outs.append(fn(batch))
-  return jax.device_get(outs)
+  return jax.device_get(outs) if fetch else outs
 
 
 def completion_logprobs(model: nnx.Module, batch: dict[str, jax.Array],
@@ -100,13 +101,15 @@ def policy_objective(model: nnx.Module, batch: dict[str, jax.Array], *,
 
   The batch is `data.batches.ROLLOUT_BATCH`: `pack`'s fields and, [B, T], `mask`,
   `advantages` (per token), `old_logp` (the policy that sampled, recomputed on this
-  path) and `ref_logp` (the reference's; read only with GRPO's `beta`).
+  path; read only when `settings.recomputes_old_logp`, else the policy being trained is
+  the one that sampled) and `ref_logp` (the reference's; read only with GRPO's `beta`).
   """
   s, b = settings, ROLLOUT_BATCH.view(batch)
   logp = completion_logprobs(model, batch, chunk_size, s.temperature)
+  old = b.old_logp if s.recomputes_old_logp else jax.lax.stop_gradient(logp)
   ref = b.ref_logp if s.algorithm == "grpo" and s.beta else None
   total, weight, sums = policy_gradient.policy_loss_sums(
-      logp, b.old_logp, ref, b.advantages, b.mask,
+      logp, old, ref, b.advantages, b.mask,
       beta=s.beta if ref is not None else 0.0, eps_low=s.eps_low, eps_high=s.eps_high,
       aggregation=s.aggregation, max_tokens=s.max_new_tokens)
   sums["weight"] = weight

@@ -49,6 +49,7 @@ class RLSettings:
   value_clip: float
   value_coef: float
   critic_init: str
+  recompute_logprobs: bool
 
   @property
   def rows(self) -> int:
@@ -63,6 +64,19 @@ class RLSettings:
   @property
   def uses_reference(self) -> bool:
     return bool(self.beta if self.algorithm == "grpo" else self.kl_coef)
+
+  @property
+  def recomputes_old_logp(self) -> bool:
+    """Whether the sampling policy's log-probs take a forward pass on the training path.
+
+    Not needed with one optimizer step per rollout batch: the policy being trained is
+    then the one that sampled, the importance ratio is exp(logp - stop_gradient(logp)),
+    exactly 1, and the KL and entropy read the sampler's log-probs, which are the
+    policy's at the sampling temperature when nothing truncates the distribution
+    (top-p 1, top-k 0). TRL's GRPOTrainer skips the same pass in the same case.
+    """
+    return (self.recompute_logprobs or self.updates > 1 or self.top_p < 1.0
+            or self.top_k > 0)
 
 
 def _fixed_moments(rc: ml_collections.ConfigDict) -> tuple[float, float]:
@@ -134,4 +148,5 @@ def read(config: ml_collections.ConfigDict) -> RLSettings:
       updates_per_epoch=rows // tc.global_batch, normalize=rc.normalize, reward_mean=mean,
       reward_std=std, steer_coef=float(rc.steer_coef), steer_attributes=steer,
       gamma=float(lc.gamma), lam=float(lc.lam), value_clip=float(lc.value_clip),
-      value_coef=float(lc.value_coef), critic_init=lc.critic_init)
+      value_coef=float(lc.value_coef), critic_init=lc.critic_init,
+      recompute_logprobs=bool(lc.get("recompute_logprobs", False)))

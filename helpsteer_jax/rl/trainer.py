@@ -8,10 +8,14 @@ An iteration:
    repeated iteration draws the same ones on every process);
 2. scores them with the attribute scorer (the same predictions on every
    process) and turns the predictions into rewards (`rewards`);
-3. recomputes the sampling policy's log-probabilities on the training path
-   (and the reference's): the sampler's own differ from the trainer's by
-   kernel and cache numerics, and the importance ratio must be exactly 1 on
-   the first update for the clipped objective to be REINFORCE's gradient;
+3. computes the reference's log-probabilities on the training path, and the
+   sampling policy's when an iteration makes several optimizer steps (or
+   top-p/top-k truncate the sampler): the sampler's own differ from the
+   trainer's by kernel and cache numerics, and the importance ratio must be
+   exactly 1 on the first update for the clipped objective to be REINFORCE's
+   gradient. With one step the ratio is exactly 1 without them
+   (`RLSettings.recomputes_old_logp`). The pass is dispatched before scoring,
+   so the devices compute it while the host prepares the scorer's batches;
 4. computes advantages (`losses.advantages`) and runs `loss.epochs` passes of
    optimizer steps of `train.global_batch` completions (the shared train
    step of `train.loop`, gradient accumulation included);
@@ -148,6 +152,7 @@ class RLTrainer:
   def _compile(self, reference: Any) -> None:
     parts, rules, chunk = self.parts, self.rt.rules, self.tc.loss_chunk_size
     temperature, with_ref = self.s.temperature, self.s.uses_reference and reference is not None
+    with_old = self.s.recomputes_old_logp
     loss = functools.partial(objective.policy_objective, settings=self.s, chunk_size=chunk)
     step = loop.make_train_step(parts, loss, self.tx, self.schedule, rules, self.accum)
     self.train_step = loop.jit_train_step(step, self.rt, self.state_shardings,
@@ -158,18 +163,20 @@ class RLTrainer:
     def logprobs(params, base, batch, *ref):
       with sharding_lib.axis_rules(rules):
         model = state_lib.merge_model(parts, params, base)
-        lp = objective.completion_logprobs(model, batch, chunk, temperature)
-        if not with_ref:
-          return lp, jnp.zeros_like(lp)
-        return lp, objective.reference_logprobs(model, batch, ref[0] if ref else None,
-                                                chunk, temperature)
+        out = {}
+        if with_old:
+          out["old"] = objective.completion_logprobs(model, batch, chunk, temperature)
+        if with_ref:
+          out["ref"] = objective.reference_logprobs(model, batch, ref[0] if ref else None,
+                                                    chunk, temperature)
+        return out
 
     with jax.set_mesh(self.rt.mesh):
       # Replicated outputs: every process reads every row's log-probabilities.
       self._logprobs = jax.jit(logprobs, in_shardings=(
           self.state_shardings.params, parts.base_shardings, self.rows_sharding,
           *frozen_shardings), out_shardings=NamedSharding(self.rt.mesh, PartitionSpec()))
-    self._frozen = frozen
+    self._frozen, self._logprob_outputs = frozen, with_old or with_ref
 
   def policy_model(self):
     """The current policy as the engine decodes it (LoRA adapters merged in)."""
@@ -220,14 +227,25 @@ class RLTrainer:
     return np.asarray(adv_lib.grpo_advantages(jnp.asarray(scores, jnp.float32), s.k,
                                               s.scale_advantages))
 
-  def _logprob_pass(self, rows: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """[R, T] log-probs of the rollout tokens under the policy and the reference."""
-    outs = objective.chunked(
+  def _dispatch_logprobs(self, rows: dict[str, np.ndarray]) -> list:
+    """Starts the training path's log-prob pass over `rows` (see `_compile`)."""
+    if not self._logprob_outputs:
+      return []
+    return objective.chunked(
         lambda b: self._logprobs(self.state.params, self.parts.base, b, *self._frozen), rows,
         ("inputs", "targets", "positions", "segment_ids", "at"), self.tc.micro_batch,
-        self.rows_sharding, self.rt.mesh)
-    lp, ref = zip(*outs)
-    return np.concatenate(lp), np.concatenate(ref)
+        self.rows_sharding, self.rt.mesh, fetch=False)
+
+  def _fetch_logprobs(self, pending: list, r: rollout.Rollouts
+                      ) -> tuple[np.ndarray, np.ndarray, bool]:
+    """[R, T] log-probs of the rollout tokens under the sampling policy and the reference
+    (zeros without one), and whether the former were recomputed (else the sampler's)."""
+    outs = jax.device_get(pending)
+    old = (np.concatenate([o["old"] for o in outs]) if self.s.recomputes_old_logp
+           else r.sampler_logp)
+    ref = (np.concatenate([o["ref"] for o in outs]) if outs and "ref" in outs[0]
+           else np.zeros_like(old))
+    return old, ref, self.s.recomputes_old_logp
 
   def run_iteration(self, iteration: int) -> dict[str, float]:
     """Samples, scores and trains once; the iteration's metrics."""
@@ -238,14 +256,14 @@ class RLTrainer:
                        temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                        seed=self.config.seed, step=iteration, pad_id=self.engine.pad_id)
     t_rollout = time.perf_counter() - t0
+    rows = objective.pack(r, tc.seq_len, self.engine.pad_id)
+    pending = self._dispatch_logprobs(rows)
     preds = self._score(prompts, r.texts, r.finished, s.k)
     requested = self._requested(prompts, s.k)
     raw = scoring_rewards.rewards(preds, self.weights)
     reward = self._rewards(preds, requested)
     t_score = time.perf_counter() - t0 - t_rollout
-
-    rows = objective.pack(r, tc.seq_len, self.engine.pad_id)
-    old_logp, ref_logp = self._logprob_pass(rows)
+    old_logp, ref_logp, recomputed = self._fetch_logprobs(pending, r)
     mask = r.mask
     scores = reward
     if s.truncation_penalty:
@@ -272,12 +290,13 @@ class RLTrainer:
         "entropy": float(-(old_logp * mask).sum() / max(tokens, 1.0)),
         "response_length": tokens / len(mask),
         "truncated": float(np.mean(~r.finished)),
-        "sampler_logp_gap": float(np.abs((r.sampler_logp - old_logp) * mask).sum()
-                                  / max(tokens, 1.0)),
         "rollout_tokens_per_s": tokens / max(t_rollout, 1e-9),
         "update_tokens_per_s": s.epochs * row_tokens / max(t_update, 1e-9),
         "rollout_s": t_rollout, "score_s": t_score, "update_s": t_update,
         "iteration_s": time.perf_counter() - t0, **sums}
+    if recomputed:
+      metrics["sampler_logp_gap"] = float(np.abs((r.sampler_logp - old_logp) * mask).sum()
+                                          / max(tokens, 1.0))
     if s.steer_coef or any(requested):
       metrics["steer_distance"] = float(np.mean(rewards.steering_distance(
           preds, requested, s.steer_attributes)))

@@ -31,7 +31,8 @@ BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
 class CompileCounter:
-  """XLA compilations in this process so far (JAX's monitoring events)."""
+  """XLA programs this process has compiled so far, including those read from JAX's
+  persistent compilation cache (the event times both; JAX's monitoring events)."""
 
   def __init__(self):
     self.count = 0

@@ -27,7 +27,7 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import generator, steering
 from helpsteer_jax.models import builder
 from helpsteer_jax.rl import critic as critic_lib
-from helpsteer_jax.rl import objective, report, settings
+from helpsteer_jax.rl import objective, report, resident, settings
 from helpsteer_jax.rl.trainer import Prompt, RLTrainer
 from helpsteer_jax.scoring import rewards as scoring_rewards
 from helpsteer_jax.scoring.load import load_scorer
@@ -104,25 +104,25 @@ def abstract_train_step(config: ml_collections.ConfigDict,
                         rt: runtime.Runtime) -> abstract_step.StepSpec:
   """The policy's update step on abstract weights and rollout batches (compile-only runs):
   `train.micro_batch` rows of `train.seq_len` tokens, `rollout.max_new_tokens` of them
-  completion. The step trains the policy only; what else an iteration holds in memory
-  (the engine's weights and cache, a reference copy, the attribute model, PPO's critic)
-  is listed in the report's notes."""
+  completion, with what else an iteration keeps in device memory (`rl.resident`: the
+  engine's weights and KV cache, a reference copy, the attribute model, PPO's critic) as
+  arguments it does not read, so that the memory report is the iteration's."""
   s = settings.read(config)
   model_cfg = runtime.model_config(config, weights=False)
   loss = functools.partial(objective.policy_objective, settings=s,
                            chunk_size=config.train.loss_chunk_size)
   fields = ROLLOUT_BATCH.row_fields(length=config.train.seq_len, completion=s.max_new_tokens)
+  held = {}
+
+  def resident_arrays(parts, tx):
+    held.update(resident.resident_arrays(config, rt, s, parts, tx))
+    return held
+
   spec = abstract_step.trainer_step_spec(
       config, rt, lambda: builder.new_model(model_cfg), loss, fields,
-      model_cfg.flops_per_token(config.train.seq_len))
-  resident = ["the engine's per-layer copy of the policy's weights and its KV cache"]
-  if s.uses_reference and not config.model.lora.rank:
-    resident.append("a frozen copy of the starting policy (the reference)")
-  if s.algorithm == "ppo":
-    resident.append("the critic's train state")
-  resident.append("a local attribute model (scorer.source)")
-  spec.notes.append("also resident during an iteration, not in this step: "
-                    + "; ".join(resident))
+      model_cfg.flops_per_token(config.train.seq_len), resident=resident_arrays)
+  spec.notes.append("resident beside the step, per device (GiB): " + ", ".join(
+      f"{name} {resident.per_device_bytes(tree) / 2**30:.2f}" for name, tree in held.items()))
   return spec
 
 

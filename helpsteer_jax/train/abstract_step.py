@@ -52,11 +52,16 @@ def trainer_step_spec(config: ml_collections.ConfigDict, rt: Runtime,
                       make_module: Callable[[], nnx.Module], loss_fn: loop.LossFn,
                       fields: BatchFields, flops_per_token: float,
                       tokens_per_row: int | None = None,
-                      frozen_params: bool = False) -> StepSpec:
+                      frozen_params: bool = False,
+                      resident: Callable[[state_lib.ModelParts, Any], Any] | None = None
+                      ) -> StepSpec:
   """The step `Trainer` would run for `config`, on shapes only.
 
   `frozen_params`: the loss also takes a frozen copy of the parameters (a
   reference model run in the step), passed with the parameters' shardings.
+  `resident(parts, tx)`: abstract arrays (with shardings) that the run keeps in
+  device memory beside the step; passed as a last argument the step does not
+  read, so that the memory report counts them.
   """
   tc = config.train
   loop.check_batch_config(tc, rt)
@@ -79,7 +84,17 @@ def trainer_step_spec(config: ml_collections.ConfigDict, rt: Runtime,
   if frozen_params:
     frozen_shardings += (parts.param_shardings,)
     args += (sharding_lib.abstract_arrays(parts.params, parts.param_shardings),)
-  step = loop.jit_train_step(train_step, rt, shardings, batch_sharding, frozen_shardings)
+  if resident is not None:
+    held = resident(parts, tx)
+    frozen_shardings += (jax.tree.map(lambda a: a.sharding, held),)
+    args += (held,)
+    inner = train_step
+
+    def train_step(state, batch, *rest):
+      return inner(state, batch, *rest[:-1])
+
+  step = loop.jit_train_step(train_step, rt, shardings, batch_sharding, frozen_shardings,
+                             keep_unused=resident is not None)
   tokens = tc.global_batch * (tokens_per_row or tc.seq_len)
   num_params = builder.count_params(nnx.state(module, nnx.Param))
   return StepSpec(step, args, rt, tokens, flops_per_token * tokens, num_params)

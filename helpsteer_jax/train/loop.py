@@ -143,12 +143,15 @@ def global_array(batch: np.ndarray, sharding: NamedSharding) -> jax.Array:
 
 
 def jit_train_step(train_step: Callable, rt: Runtime, state_shardings: state_lib.TrainState,
-                   batch_sharding: NamedSharding, frozen_shardings: tuple = ()) -> Callable:
+                   batch_sharding: NamedSharding, frozen_shardings: tuple = (),
+                   keep_unused: bool = False) -> Callable:
   """The jitted step: explicit shardings, the state donated. `frozen_shardings`
-  are those of the arguments after the batch (the base weights first)."""
+  are those of the arguments after the batch (the base weights first); `keep_unused`
+  keeps arguments the step does not read (compile-only memory reports)."""
   with jax.set_mesh(rt.mesh):
     return jax.jit(train_step, in_shardings=(state_shardings, batch_sharding, *frozen_shardings),
-                   out_shardings=(state_shardings, None), donate_argnums=(0,))
+                   out_shardings=(state_shardings, None), donate_argnums=(0,),
+                   keep_unused=keep_unused)
 
 
 def check_finite(step: int, fetched: dict[str, float], limit: int) -> None:

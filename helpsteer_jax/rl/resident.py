@@ -1,0 +1,95 @@
+"""What an RL iteration keeps in device memory beside the policy's train state.
+
+Compile-only runs (`tasks.rl.abstract_train_step`) pass these as unused
+arguments of the policy's update step, so XLA's per-device memory report
+counts them with the shardings the run gives them:
+
+- `engine`: the decoding engine's per-layer copy of the policy's layers
+  (under LoRA the merged weights, at the base's dtype), and its KV cache of
+  `rollout.max_batch` rows of `train.seq_len` tokens in the compute dtype;
+- `reference`: a frozen copy of the starting weights, when the KL needs one
+  and there are no LoRA adapters to switch off;
+- `attribute_model`: the scorer's weights (`config.scorer.model`) when it
+  runs on the mesh (not the demo rules, a URL or a factory);
+- `critic`: PPO's value model's train state (its own Adam moments).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from helpsteer_jax import runtime
+from helpsteer_jax import sharding as sharding_lib
+from helpsteer_jax.inference import engine_steps
+from helpsteer_jax.models import builder
+from helpsteer_jax.models.reward import RewardModel, reward_model
+from helpsteer_jax.rl.settings import RLSettings
+from helpsteer_jax.scoring import remote, rules
+from helpsteer_jax.scoring.load import is_factory
+from helpsteer_jax.train import state as state_lib
+
+
+def scorer_on_mesh(source: str) -> bool:
+  """Whether `scorer.source` loads an attribute model onto the mesh (an empty source in
+  a compile-only run stands for the preset's)."""
+  return not (source == rules.DEMO_RULES or remote.is_url(source) or is_factory(source))
+
+
+def _abstract(tree: Any, shardings: Any, dtype: Any = None) -> Any:
+  if dtype is not None:
+    tree = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, dtype), tree)
+  return sharding_lib.abstract_arrays(tree, shardings)
+
+
+def _kv_cache(cfg, rt: runtime.Runtime, rows: int, length: int) -> list:
+  sharding = engine_steps.cache_sharding(rt.mesh, rt.rules)
+  shape = (rows, cfg.num_kv_heads, length, cfg.head_dim)
+  return [jax.ShapeDtypeStruct(shape, cfg.compute_dtype, sharding=sharding)
+          for _ in range(2 * cfg.num_layers)]
+
+
+def resident_arrays(config: ml_collections.ConfigDict, rt: runtime.Runtime, s: RLSettings,
+                    parts: state_lib.ModelParts, tx) -> dict[str, Any]:
+  """Abstract arrays (shapes, dtypes, shardings) by what holds them; `parts` is the
+  policy's abstract split (LoRA: `parts.base` at the base's dtype)."""
+  cfg = runtime.model_config(config, weights=False)
+  lora = bool(parts.base)
+  # The engine slices the stacked layers into per-layer arrays (under LoRA, of the merged
+  # weights); the embedding, final norm and head stay the policy's own arrays.
+  weights = (_abstract(parts.base["layers"], parts.base_shardings["layers"]) if lora
+             else _abstract(parts.params["layers"], parts.param_shardings["layers"]))
+  rows = config.rollout.max_batch or s.rows
+  out: dict[str, Any] = {"engine": {"weights": weights,
+                                    "kv_cache": _kv_cache(cfg, rt, rows, config.train.seq_len)}}
+  if s.uses_reference and not lora:
+    out["reference"] = _abstract(parts.params, parts.param_shardings)
+  if scorer_on_mesh(config.scorer.source):
+    scorer_cfg = runtime.build_model_config(config.scorer.model)
+    rm = state_lib.split_model(nnx.eval_shape(lambda: reward_model(scorer_cfg)), rt.mesh,
+                               rt.rules, trainable=nnx.Param)
+    out["attribute_model"] = _abstract(rm.params, rm.param_shardings)
+  if s.algorithm == "ppo":
+    critic_cfg = (runtime.build_model_config(config.scorer.model).replace(lora=None)
+                  if s.critic_init == "scorer" else cfg)
+
+    def make():
+      return RewardModel(builder.new_model(critic_cfg), 1, head_bias=True)
+
+    critic = state_lib.split_model(nnx.eval_shape(make), rt.mesh, rt.rules)
+    state, _ = state_lib.abstract_train_state(tx, critic, rt.mesh)
+    out["critic"] = state
+  return out
+
+
+def per_device_bytes(tree: Any) -> int:
+  """Bytes one device holds of the abstract arrays `tree` (the largest shard)."""
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    shard = leaf.sharding.shard_shape(leaf.shape)
+    total += int(np.prod(shard)) * np.dtype(leaf.dtype).itemsize
+  return total
