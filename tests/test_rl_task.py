@@ -131,3 +131,46 @@ def test_fixed_reward_moments_from_a_file(tmp_path):
   path.write_text("{}")
   with pytest.raises(ConfigError, match="'mean' and 'std'"):
     settings.read(_config(**{"reward.normalize": "fixed", "reward.stats_path": str(path)}))
+
+
+@pytest.mark.one_stack("3.11", reason="the RL loop's own logic; 3.12 runs the LoRA test")
+def test_sigterm_mid_run_saves_and_the_rerun_repeats_the_uninterrupted_run(tmp_path):
+  """A real SIGTERM during iteration 2 of a process: it finishes that iteration, saves,
+  exits with status preempted; the rerun's iterations equal an uninterrupted run's."""
+  import os
+  import signal
+  import subprocess
+  import sys
+  import textwrap
+  import time
+
+  overrides = {"algorithm": "grpo", "train.num_steps": 3, "prompts.eval_limit": 2}
+  task.run(_config(**overrides), str(tmp_path / "straight"))
+  work = tmp_path / "stopped"
+  code = textwrap.dedent(f"""
+      from test_rl_task import _config
+      from helpsteer_jax.tasks import rl
+      rl.run(_config(**{overrides!r}), {str(work)!r})
+      """)
+  tests = REPO_ROOT / "tests"
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), str(tests)]))
+  proc = subprocess.Popen([sys.executable, "-c", code], cwd=tests, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 600
+  while (proc.poll() is None and time.time() < deadline
+         and not ((work / "metrics.jsonl").exists() and _train_rows(work))):
+    time.sleep(0.2)
+  assert proc.poll() is None, proc.communicate()[1][-3000:]
+  proc.send_signal(signal.SIGTERM)  # during iteration 2: iteration 1's row is written
+  _, stderr = proc.communicate(timeout=600)
+  assert proc.returncode == 0, stderr[-3000:]
+  summary = json.loads((work / "summary.json").read_text())
+  assert summary["status"] == "preempted" and summary["iteration"] == 2, summary
+  assert not (work / "hf").exists()
+
+  task.run(_config(**overrides), str(work))
+  straight, resumed = _train_rows(tmp_path / "straight"), _train_rows(work)
+  assert sorted(resumed) == [1, 2, 3]
+  for step in (2, 3):
+    for key in ("reward", "reward_normalized", "kl", "loss", "response_length"):
+      assert straight[step][key] == resumed[step][key], (step, key)

@@ -193,7 +193,7 @@ class Engine:
       self.cache.resize(length, 0)
       for n in self.row_buckets:
         self._run_decode(n)
-    self.cache.resize(self.cache.lengths[0], 0)
+    self.cache.reset()
 
   def check(self, prompt_len: int, max_tokens: int) -> None:
     """ConfigError (a ValueError) unless `prompt_len` tokens + `max_tokens` fit a row."""
@@ -284,6 +284,11 @@ class Engine:
       raise RuntimeError("generate() runs the scheduler itself: not after start()")
     for r in requests:
       self.check(len(r.prompt_ids), r.max_tokens)
+    if not self.busy_rows:
+      # Numerics follow the cache's layout (its slot count): starting from a fresh one,
+      # the same requests give the same log-probabilities bit for bit, whatever the
+      # engine decoded before (a resumed run's rollouts equal an uninterrupted run's).
+      self.cache.reset()
     handles = collections.deque(Handle(r) for r in requests)
     done = list(handles)
     while handles or self.busy_rows:

@@ -63,7 +63,13 @@ class SlotCache:
       for other in self.lengths:
         self.resize(length, 0)
         self.resize(other, 0)
-    self.resize(self.lengths[0], 0)
+    self.reset()
+
+  def reset(self) -> None:
+    """No rows, the smallest slot count, the write slot at 0: the layout a fresh cache
+    has, so that what follows does not depend on what came before."""
+    if self.length != self.lengths[0]:
+      self.resize(self.lengths[0], 0)
     self.end = 0
     self.row_start[:] = NOTHING
 

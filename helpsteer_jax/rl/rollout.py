@@ -14,7 +14,29 @@ from typing import Sequence
 
 import numpy as np
 
+from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.engine import DecodeRequest, Engine
+
+
+@dataclasses.dataclass
+class Prompt:
+  """A prompt to answer and its token ids (the AC-SFT prompt format, with its label)."""
+
+  request: steering.Request
+  ids: list[int]
+
+
+def prompt_schedule(n: int, per_iteration: int, seed: int, iteration: int) -> list[int]:
+  """Which of `n` prompts iteration `iteration` answers: `per_iteration` of them, taken
+  in order from epochs over the prompts, each epoch in its own (seed, epoch) order."""
+  orders: dict[int, np.ndarray] = {}
+  out = []
+  for pos in range(iteration * per_iteration, (iteration + 1) * per_iteration):
+    epoch, i = divmod(pos, n)
+    if epoch not in orders:
+      orders[epoch] = np.random.default_rng([seed, epoch]).permutation(n)
+    out.append(int(orders[epoch][i]))
+  return out
 
 
 @dataclasses.dataclass

@@ -52,6 +52,7 @@ from helpsteer_jax.models import builder
 from helpsteer_jax.progress import Progress
 from helpsteer_jax.rl import critic as critic_lib
 from helpsteer_jax.rl import objective, rewards, rollout
+from helpsteer_jax.rl.rollout import Prompt
 from helpsteer_jax.rl.settings import RLSettings
 from helpsteer_jax.scoring import rewards as scoring_rewards
 from helpsteer_jax.scoring.scorer import Scorer, predict
@@ -60,14 +61,6 @@ from helpsteer_jax.train import checkpoint as ckpt_lib
 from helpsteer_jax.train import metrics as metrics_lib
 from helpsteer_jax.train import preemption as preemption_lib
 from helpsteer_jax.train import state as state_lib
-
-
-@dataclasses.dataclass
-class Prompt:
-  """A prompt to answer and its token ids (the AC-SFT prompt format, with its label)."""
-
-  request: steering.Request
-  ids: list[int]
 
 
 class HostState:
@@ -186,16 +179,9 @@ class RLTrainer:
   # -- one iteration -------------------------------------------------------------
 
   def prompt_indices(self, iteration: int) -> list[int]:
-    """The P prompts of `iteration`: epochs over the prompts, each in its own order."""
-    n, p = len(self.train_prompts), self.s.prompts
-    orders = {}
-    out = []
-    for pos in range(iteration * p, (iteration + 1) * p):
-      epoch, i = divmod(pos, n)
-      if epoch not in orders:
-        orders[epoch] = np.random.default_rng([self.config.seed, epoch]).permutation(n)
-      out.append(int(orders[epoch][i]))
-    return out
+    """The P prompts of `iteration` (`rollout.prompt_schedule`)."""
+    return rollout.prompt_schedule(len(self.train_prompts), self.s.prompts, self.config.seed,
+                                   iteration)
 
   def _score(self, prompts: Sequence[Prompt], texts: Sequence[str],
              finished: Sequence[bool], per_prompt: int) -> np.ndarray:

@@ -28,7 +28,8 @@ from helpsteer_jax.inference import generator, steering
 from helpsteer_jax.models import builder
 from helpsteer_jax.rl import critic as critic_lib
 from helpsteer_jax.rl import objective, report, resident, settings
-from helpsteer_jax.rl.trainer import Prompt, RLTrainer
+from helpsteer_jax.rl.rollout import Prompt
+from helpsteer_jax.rl.trainer import RLTrainer
 from helpsteer_jax.scoring import rewards as scoring_rewards
 from helpsteer_jax.scoring.load import load_scorer
 from helpsteer_jax.tasks import policy
