@@ -341,10 +341,43 @@ def render(results: dict) -> str:
       recipe = next(r for r in RECIPES if r.name == name)
       lines.append(f"| {name} | " + " | ".join(
           _smallest(results, recipe, ladder) for ladder in LADDERS.values()) + " |")
+  lines += _rl_section(results)
   seconds = [v.get("wall_seconds", 0) for v in cells.values()]
   lines += ["", f"{len(seconds)} compiles, {sum(seconds) / 60:.0f} min of compile time on a"
             " 2-core CPU.", ""]
   return "\n".join(lines)
+
+
+RESIDENT = ("engine_weights", "kv_cache", "reference", "attribute_model", "critic")
+SLICE_ORDER = ("v5p-8", "v5p-16", "v5p-32", "v5p-64", "v5p-128", "v5p-256", "v5e-256",
+               "v6e-8", "v6e-16", "v6e-32", "v6e-64", "v6e-128", "v6e-256")
+
+
+def _rl_section(results: dict) -> list[str]:
+  """The RL recipes' compiled cells with what an iteration keeps resident, per device."""
+  lines = ["", "## RL: what an iteration holds per device", "",
+           "Every compiled RL cell (one row per device, full remat). The resident arrays",
+           "are arguments of the compiled step (`rl/resident.py`): the engine's per-layer",
+           "copy of the weights and its KV cache, the reference copy (none with LoRA),",
+           "the bf16 attribute model, PPO's critic train state. GiB per device:", "",
+           "| recipe | slice | engine weights | KV cache | reference | attribute model |"
+           " critic | all arguments | temporaries | total | HBM | verdict |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+  for recipe in RECIPES:
+    if recipe.config != "rl":
+      continue
+    for topology in SLICE_ORDER:
+      r = results["cells"].get(_key(recipe, topology, 1, "full", 0))
+      if not r or "memory" not in r:
+        continue
+      m, held = r["memory"], r.get("resident_bytes", {})
+      parts = [_gib(held[k]) if k in held else "-" for k in RESIDENT]
+      lower = m.get("total_is_lower_bound")
+      lines.append(f"| {recipe.name} | {topology} ({r['chips']} chips) | " + " | ".join(
+          parts + ["?" if lower else _gib(m["arguments"]),
+                   "?" if lower else _gib(m["temporaries"]), _total(m), _gib(m["hbm"]),
+                   "fits" if m["fits"] else "does not fit"]) + " |")
+  return lines
 
 
 def _hbm(generation: str) -> int:

@@ -294,6 +294,8 @@ def analyze(config: ml_collections.ConfigDict, topology: Topology, devices: list
       per_device_batch=config.train.micro_batch / _batch_shards(spec.rt),
       tokens_per_step=spec.tokens_per_step,
       analytic_flops_per_step=spec.analytic_flops_per_step, memory=mem)
+  if spec.resident_bytes:  # included in the arguments above
+    report["resident_bytes"] = dict(spec.resident_bytes)
   if flops and mem["fits"]:
     cost = unrolled_cost_per_step(config, make_spec, model_cfg.num_layers)
     report["compiled_flops_per_step"] = cost["flops"]
@@ -339,6 +341,9 @@ def format_report(r: dict[str, Any]) -> str:
   ]
   if m.get("compile_error"):
     lines.append(f"    XLA: {m['compile_error']}")
+  if r.get("resident_bytes"):
+    lines.append("    of the arguments, resident beside the step: " + ", ".join(
+        f"{name} {_gib(n)}" for name, n in r["resident_bytes"].items()))
   if "compiled_flops_per_step" in r:
     lines.append(f"  FLOPs per step: {r['compiled_flops_per_step']:.4g} compiled,"
                  f" {r['analytic_flops_per_step']:.4g} analytic; at 100% MFU a step takes"

@@ -112,6 +112,8 @@ def test_rl_step_counts_the_iteration_s_arrays(overrides, held):
   own = resident.per_device_bytes(spec.args[:-1])
   got = compiled.memory_analysis().argument_size_in_bytes
   assert got == own + resident.per_device_bytes(arrays), (got, own)
+  assert sum(spec.resident_bytes.values()) == resident.per_device_bytes(arrays)
+  assert set(spec.resident_bytes) == {"engine_weights", "kv_cache"} | held - {"engine"}
 
 
 @pytest.mark.slow  # one TPU compile of a 1-layer model, ~20 s idle

@@ -93,3 +93,12 @@ def per_device_bytes(tree: Any) -> int:
     shard = leaf.sharding.shard_shape(leaf.shape)
     total += int(np.prod(shard)) * np.dtype(leaf.dtype).itemsize
   return total
+
+
+def breakdown(held: dict[str, Any]) -> dict[str, int]:
+  """Per-device bytes of `resident_arrays`' output by holder (the engine's weights and KV
+  cache apart)."""
+  out = {"engine_weights": per_device_bytes(held["engine"]["weights"]),
+         "kv_cache": per_device_bytes(held["engine"]["kv_cache"])}
+  out.update({name: per_device_bytes(tree) for name, tree in held.items() if name != "engine"})
+  return out

@@ -122,8 +122,7 @@ def abstract_train_step(config: ml_collections.ConfigDict,
   spec = abstract_step.trainer_step_spec(
       config, rt, lambda: builder.new_model(model_cfg), loss, fields,
       model_cfg.flops_per_token(config.train.seq_len), resident=resident_arrays)
-  spec.notes.append("resident beside the step, per device (GiB): " + ", ".join(
-      f"{name} {resident.per_device_bytes(tree) / 2**30:.2f}" for name, tree in held.items()))
+  spec.resident_bytes = resident.breakdown(held)
   return spec
 
 

@@ -41,7 +41,8 @@ class StepSpec:
   tokens_per_step: int
   analytic_flops_per_step: float
   num_params: int
-  notes: list[str] = dataclasses.field(default_factory=list)
+  # bytes per device of what the run keeps resident beside the step, by holder
+  resident_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
 
   def lower(self) -> jax.stages.Lowered:
     with jax.set_mesh(self.rt.mesh):
