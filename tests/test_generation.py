@@ -135,8 +135,12 @@ def test_requests_from_jsonl_text_and_stdin(tmp_path):
   path = tmp_path / "in.jsonl"
   path.write_text(json.dumps({"prompt": "Name two fruits.", "id": 7,
                               "attributes": {"verbosity": 0}}) + "\n"
-                  + json.dumps({"prompt": "Hi", "attributes": "verbosity:1,humor:2"}) + "\n")
+                  + json.dumps({"prompt": "Hi", "attributes": "verbosity:1,humor:2",
+                                "response": "Hello.", "helpfulness": 3}) + "\n")
   first, second = steering.read_requests(str(path), defaults)
+  # A HelpSteer2 row's own answer and labels are not the generated answer's.
+  assert second.output_row("Hey!") == {"prompt": "Hi", "attributes": second.attributes,
+                                       "response": "Hey!"}
   assert first.attributes["verbosity"] == 0 and first.attributes["helpfulness"] == 4
   assert first.output_row("ok") == {"prompt": "Name two fruits.", "id": 7,
                                     "attributes": first.attributes, "response": "ok"}

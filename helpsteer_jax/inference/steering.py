@@ -29,6 +29,9 @@ from helpsteer_jax.errors import ConfigError, DataError
 
 ATTRIBUTE_SETS = {"all": ATTRIBUTES, "helpsteer": HELPSTEER_ATTRIBUTES}
 _ROW_KEYS = ("prompt", "attributes", "system")
+# An input row's own answer and its labels (a HelpSteer2 row's) describe another response
+# than the one generated for it: not copied to the output, where they would pass for its.
+_ANSWER_KEYS = ("response", *ATTRIBUTES)
 
 
 def attribute_names(spec: str) -> tuple[str, ...]:
@@ -75,7 +78,8 @@ def run_attributes(config: ml_collections.ConfigDict,
 class Request:
   """One prompt to answer: the conversation so far and the attributes to ask for.
 
-  `extra` holds the input row's other fields (e.g. an id), copied to the output.
+  `extra` holds the input row's other fields (e.g. an id; not its own response or
+  attribute labels), copied to the output.
   """
 
   prompt: str
@@ -137,7 +141,7 @@ def _json_requests(lines: Iterator[tuple[int, Any]], where: str, defaults, syste
         raise ValueError(f"expected a JSON object, got {type(row).__name__}")
       if "prompt" not in row:
         raise ValueError("missing field 'prompt'")
-      extra = {k: v for k, v in row.items() if k not in _ROW_KEYS}
+      extra = {k: v for k, v in row.items() if k not in _ROW_KEYS + _ANSWER_KEYS}
       yield make_request(row["prompt"], _row_attributes(row, defaults),
                          row.get("system") or system, extra)
     except ValueError as e:
