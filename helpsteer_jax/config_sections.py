@@ -14,6 +14,7 @@ from typing import Any
 import ml_collections
 
 from helpsteer_jax import config_base
+from helpsteer_jax.data.formats.helpsteer_2d import ASPECTS_2D
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.data.template import DEFAULT_SYSTEM, TURN_START
 
@@ -112,6 +113,76 @@ def generation_config(task: str, preset: str = "") -> ml_collections.ConfigDict:
     config.require_hf_path = preset != "smollm2_135m"
     return config
   raise config_base.unknown_preset(task, preset, GENERATION_PRESETS)
+
+
+# ---------------------------------------------------------------- preference training
+
+def preference_data_config(**overrides: Any) -> ml_collections.ConfigDict:
+  """`config.data` of the pair-training tasks (dpo2d, iterative_dpo)."""
+  return config_base.data_config(
+      packing=False, fixed_shape=True,
+      max_segments=16,        # segments per response (pairs with more are dropped, counted)
+      score_max=4.0,          # scores are divided by this (the normalise of r = W . s)
+      response_label="",      # SteerLM attribute string for the response turn ("" = none)
+      demo_train_pairs=512, demo_validation_pairs=64, **overrides)
+
+
+def preference_loss_config(**overrides: Any) -> ml_collections.ConfigDict:
+  """`config.loss` of the pair-training tasks (losses/dpo2d.py's settings)."""
+  section = ml_collections.ConfigDict(dict(
+      loss_type="dpo2d", beta=0.1, grouped=True, label_smoothing=0.0,
+      aspects=ASPECTS_2D, aspect_weights=(0.2, 0.2, 0.2, 0.2, 0.2),
+      vocab_chunk_size=0))  # > 0: project over vocabulary chunks (large vocabularies)
+  section.update(overrides)
+  return section
+
+
+def reference_config(**overrides: Any) -> ml_collections.ConfigDict:
+  """`config.reference`: how the pair-training tasks get the reference log-probs."""
+  section = ml_collections.ConfigDict(dict(
+      mode="cached",   # "cached": first pass, saved under cache_dir; "on_the_fly": in the step
+      cache_dir="",    # "" = <workdir>/reference
+      batch=0))        # pairs per batch of the first pass (0 = train.micro_batch)
+  section.update(overrides)
+  return section
+
+
+# ---------------------------------------------------------------- aligning a policy
+
+ACSFT_RUN = "workdir/acsft"  # where the default AC-SFT run writes: the demo policies' start
+
+
+def demo_policy(config: ml_collections.ConfigDict, **train: Any) -> ml_collections.ConfigDict:
+  """The demo AC-SFT run's tiny policy as the start of an aligning task (rl, steerlm2,
+  iterative_dpo), and its `train` section with `train` overrides."""
+  config.model = config_base.model_section("tiny", **DEMO_SHAPE, attention_block_size=64)
+  config.init.checkpoint = ACSFT_RUN
+  config.train = train_config(**{"seq_len": 192, "export_dtype": "float32",
+                                 "loss_chunk_size": 64, **train})
+  return config
+
+
+def scorer_on_mesh(config: ml_collections.ConfigDict, preset: str) -> None:
+  """A large preset's attribute model: of the policy's family, on the mesh, in bf16
+  (scoring only), with no default source (it must be given)."""
+  config.scorer.source = ""
+  config.scorer.model = config_base.model_section(preset, dtype="bfloat16",
+                                                 param_dtype="bfloat16")
+  config.scorer.batch_size = 16
+
+
+def rounds_sampling_config(**overrides: Any) -> ml_collections.ConfigDict:
+  """`config.sampling` of the iterated tasks (steerlm2, iterative_dpo): the answers each
+  round samples per prompt."""
+  section = ml_collections.ConfigDict(dict(
+      responses=4,          # answers per prompt (SteerLM 2.0's group, DPO's candidates)
+      max_new_tokens=64,
+      temperature=1.0, top_p=1.0, top_k=0,
+      batch_prompts=32,     # prompts per sampling batch (a resume point each)
+      max_batch=0,          # engine rows; 0 = batch_prompts x responses
+      stop_strings=tuple(DEFAULT_STOP_STRINGS)))
+  section.update(overrides)
+  return section
 
 
 # ---------------------------------------------------------------- scoring

@@ -1,4 +1,4 @@
-"""A training run's saved model parameters: where they are and how they are read.
+"""A training run's saved model parameters: where they are and how they are read (and written).
 
 Every task that starts from another run (generate, serve, 2D-DPO's policy,
 the attribute model and its scorers) names the run by its workdir or its
@@ -7,6 +7,8 @@ either, `run_tokenizer_dir` the one that finds the tokenizer the run
 trained with. Only the `state/params` item of a checkpoint is read (the
 optimizer state and the data position stay on disk), through Orbax's
 PyTree checkpointer, so reading needs neither the training loop nor grain.
+`save_params` writes parameters that no training run produced (ExPO's) in
+that same layout, so every reader takes them as a run.
 """
 
 from __future__ import annotations
@@ -122,3 +124,17 @@ def restore_params(path: str | pathlib.Path, abstract_params: Any,
     restored = checkpointer.restore(_state_path(directory, step), args=args)
   logging.info("restored the parameters of step %d from %s", step, directory)
   return restored["params"], step
+
+
+def save_params(workdir: str | pathlib.Path, params: Any, step: int = 0) -> pathlib.Path:
+  """Writes `params` (a pure dict of sharded arrays) as `<workdir>/checkpoints/<step>`, the
+  layout training writes and `restore_params` reads (a `state` item holding `params`;
+  no optimizer state, no data position). Every process calls it (Orbax writes each
+  process's shards, process 0 the metadata); returns the checkpoint directory."""
+  directory = pathlib.Path(workdir).expanduser().absolute() / CHECKPOINTS
+  options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False)
+  with ocp.CheckpointManager(directory, options=options, item_names=("state",)) as manager:
+    manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave({"params": params})))
+    manager.wait_until_finished()
+  logging.info("saved the parameters as step %d in %s", step, directory)
+  return directory

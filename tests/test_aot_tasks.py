@@ -11,7 +11,7 @@ import jax
 import pytest
 
 from helpsteer_jax import aot, runtime
-from helpsteer_jax.tasks import attribute_model, dpo2d, rl
+from helpsteer_jax.tasks import attribute_model, dpo2d, iterative_dpo, rl, steerlm2
 
 from train_utils import task_config
 
@@ -46,20 +46,30 @@ CASES = {
     "rl_grpo": ("rl", {"rollout.max_new_tokens": 16},
                 {"inputs", "targets", "positions", "segment_ids", "at", "mask", "advantages",
                  "old_logp", "ref_logp"}),
+    # SteerLM 2.0: groups of n responses, their log Q' and importance weights.
+    "steerlm2": ("steerlm2", {}, {"inputs", "targets", "positions", "segment_ids", "weights",
+                                  "log_q", "ws", "group_weight"}),
+    # Iterative DPO: each round is dpo2d's step on whole-response pairs.
+    "iterative_dpo": ("iterative_dpo", {}, {"inputs", "targets", "positions", "segment_ids",
+                                            "token_segments", "seg_scores", "seg_mask",
+                                            "lengths", "pair_weight", "ref_logps"}),
 }
+TASK_MODULES = {"attribute_model": attribute_model, "dpo2d": dpo2d, "rl": rl,
+                "steerlm2": steerlm2, "iterative_dpo": iterative_dpo}
+ROW = {"dpo2d": 2, "iterative_dpo": 2, "steerlm2": 4}  # rows per example (pair, group)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_abstract_step_compiles_on_the_cpu_mesh(case):
   task_name, overrides, keys = CASES[case]
-  task = {"attribute_model": attribute_model, "dpo2d": dpo2d, "rl": rl}[task_name]
+  task = TASK_MODULES[task_name]
   config = tiny(task_name, **overrides)
   rt = runtime.setup(config)
   spec = task.abstract_train_step(config, rt)
   state, batch = spec.args[:2]
   assert set(batch) == keys
   seq = config.train.seq_len
-  rows = (1, 8, 2, seq) if task_name == "dpo2d" else (1, 8, seq)
+  rows = (1, 8, ROW[task_name], seq) if task_name in ROW else (1, 8, seq)
   assert batch["inputs"].shape == rows
   if task_name == "rl":
     assert batch["at"].shape == (1, 8, 16)
@@ -78,7 +88,7 @@ def test_abstract_step_compiles_on_the_cpu_mesh(case):
     assert base == {}
   compiled = spec.lower().compile()
   assert compiled.memory_analysis() is not None
-  per_row = 2 * seq if task_name == "dpo2d" else seq
+  per_row = ROW.get(task_name, 1) * seq
   assert spec.tokens_per_step == config.train.global_batch * per_row
   assert spec.num_params > 0 and spec.analytic_flops_per_step > 0
   del state

@@ -490,3 +490,44 @@ def test_rl_two_processes_train_as_one(inputs, tmp_path):
     # Adam turns a rounding-level gradient difference into up to a fraction of lr.
     np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-5, atol=1e-4)
   assert {p.split(os.sep)[0] for p in run.written(1, tmp_path / "w")} <= {"checkpoints"}
+
+
+# ------------------------------------------------------------------ iterated tasks
+
+
+def _iterated(task: str, inputs, workdir, *extra: str) -> tuple[str, ...]:
+  """One round of `task` from a random policy with a host-side scorer (split over the
+  processes)."""
+  return (f"--config=configs/{task}.py", *MODEL, *MESH, "--config.init.checkpoint=",
+          f"--config.tokenizer={inputs['tokenizer']}", "--config.iterations=1",
+          "--config.sampling.responses=3", "--config.sampling.max_new_tokens=12",
+          "--config.sampling.batch_prompts=4", "--config.train.num_steps=2",
+          "--config.train.global_batch=8", "--config.train.micro_batch=8",
+          "--config.train.seq_len=96", "--config.train.loss_chunk_size=32",
+          "--config.train.export_hf=false", "--config.optimizer.lr=1e-2",
+          f"--workdir={workdir}", *extra)
+
+
+def test_steerlm2_two_processes_write_the_one_process_files(inputs, tmp_path):
+  """The groups file (samples, attribute log-probs, both models' log-probs) of two
+  processes is the one process's byte for byte; process 1 writes none of it."""
+  args = ("--config.scorer.source=fake_scorer:make", "--config.prompts.demo_rows=8",
+          "--config.prompts.per_iteration=8", "--config.eval.prompts=2",
+          "--config.eval.scores=1,3", "--config.eval.max_new_tokens=8")
+  _single(*_iterated("steerlm2", inputs, tmp_path / "single", *args))
+  run, _ = _run_two(tmp_path, *_iterated("steerlm2", inputs, tmp_path / "w", *args))
+  _assert_same(tmp_path / "single", tmp_path / "w", "iteration_1/samples.jsonl",
+               "iteration_0/sweep_generations.jsonl", "iteration_1/sweep_generations.jsonl")
+  assert {p.split(os.sep)[1] for p in run.written(1, tmp_path / "w")} <= {"checkpoints"}
+
+
+def test_iterative_dpo_two_processes_write_the_one_process_files(inputs, tmp_path):
+  args = ("--config.scorer.source=fake_scorer:make_brevity", "--config.prompts.eval_limit=4",
+          "--config.prompts.demo_train_prompts=8", "--config.prompts.per_iteration=8",
+          "--config.reference.batch=8")
+  _single(*_iterated("iterative_dpo", inputs, tmp_path / "single", *args))
+  run, _ = _run_two(tmp_path, *_iterated("iterative_dpo", inputs, tmp_path / "w", *args))
+  _assert_same(tmp_path / "single", tmp_path / "w", "iteration_1/samples.jsonl",
+               "iteration_1/pairs.jsonl", "iteration_0/eval.json")
+  assert {p.split(os.sep)[1] for p in run.written(1, tmp_path / "w")} <= {
+      "checkpoints", "reference"}

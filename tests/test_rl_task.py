@@ -7,7 +7,6 @@ higher), which a random policy can learn within a few iterations.
 """
 
 import json
-import runpy
 
 import numpy as np
 import pytest
@@ -18,24 +17,18 @@ from helpsteer_jax.tasks import rl as task
 from helpsteer_jax.train import checkpoint as ckpt_lib
 
 from conftest import REPO_ROOT
+from train_utils import task_config_overrides, tiny_policy_config
 
 
 def _config(**overrides):
-  config = runpy.run_path(str(REPO_ROOT / "configs" / "rl.py"))["get_config"]()
-  config.model.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
-                      num_kv_heads=2, attention_block_size=32, initializer_range=0.5)
-  config.init.checkpoint = ""
-  config.mesh.update(data=2, fsdp=2, tensor=2)
+  config = tiny_policy_config("rl")
   config.scorer.source = "fake_scorer:make_brevity"
   config.prompts.update(demo_train_prompts=16, eval_limit=8)
   config.rollout.update(prompts_per_iteration=4, samples_per_prompt=4, max_new_tokens=16)
   config.train.update(num_steps=3, global_batch=16, micro_batch=8, seq_len=128, eval_every=0,
                       save_every=1, export_hf=False, loss_chunk_size=64, async_checkpoint=False)
   config.optimizer.update(lr=3e-2)
-  for key, value in overrides.items():
-    section, _, name = key.rpartition(".")
-    (config[section] if section else config)[name] = value
-  return config
+  return task_config_overrides(config, overrides)
 
 
 def _rows(workdir):

@@ -265,3 +265,33 @@ def test_a_malformed_prompt_row_is_one_line_naming_file_and_line(models, tmp_pat
   errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
   assert errors == [f"error: {bad}:2: score of 'verbosity' is 9, outside 0..4"]
   assert proc.stderr.rstrip().endswith(errors[0])
+
+
+def test_adherence_is_the_mean_absolute_error_to_the_requested_values(tmp_path):
+  """The sweep's per-attribute error (each value weighted by its scored responses), the
+  held-out requests' error per requested attribute, and the side-by-side report."""
+  from helpsteer_jax.eval import adherence
+
+  def row(attribute, value, predicted, **requested):
+    p = None if predicted is None else {n: 0.0 for n in ATTRIBUTES} | predicted
+    return {"sweep_attribute": attribute, "sweep_value": value, "response": "a b.",
+            "tokens": 2, "finish_reason": "stop", "predicted": p,
+            "attributes": requested or {attribute: value}}
+  grid = sweep_lib.settings({"verbosity": 2}, ["verbosity"], (0, 4))
+  rows = [row("verbosity", 0, {"verbosity": 1.0}), row("verbosity", 0, {"verbosity": 0.5}),
+          row("verbosity", 4, {"verbosity": 1.0}), row("verbosity", 4, None)]
+  summary = sweep_lib.summarize(rows, grid)
+  assert [e["abs_error"] for e in summary["sweeps"]["verbosity"]] == [0.75, 3.0]
+  assert sweep_lib.adherence(summary) == {"verbosity": (1.0 + 0.5 + 3.0) / 3,
+                                          "mean": (1.0 + 0.5 + 3.0) / 3}
+
+  requested = [row("", 0, {"helpfulness": 3.5, "verbosity": 1.0}, helpfulness=4, verbosity=2),
+               row("", 0, {"helpfulness": 1.0, "verbosity": 1.0}, helpfulness=2, verbosity=0),
+               row("", 0, None, helpfulness=0, verbosity=0)]
+  errors = adherence.errors(requested)
+  assert errors == {"helpfulness": 0.75, "verbosity": 1.0, "mean": 0.875}
+  text = adherence.table({"AC-SFT": errors, "iteration 1": {"helpfulness": 0.5, "mean": 0.5}})
+  assert text.splitlines()[2] == "| AC-SFT | 0.750 | 1.000 | 0.875 |"
+  assert text.splitlines()[3] == "| iteration 1 | 0.500 | - | 0.500 |"
+  out = sweep_report.write_comparison({"a": summary, "b": summary}, tmp_path, "t")
+  assert (tmp_path / "adherence.png").stat().st_size > 0 and "| b |" in out["table"]

@@ -18,6 +18,22 @@ from conftest import REPO_ROOT
 def task_config(task: str, overrides: dict | None = None, preset: str = ""):
   """configs/<task>.py's config with dotted-key overrides ({"data.packing": False})."""
   config = runpy.run_path(str(REPO_ROOT / "configs" / f"{task}.py"))["get_config"](preset)
+  return task_config_overrides(config, overrides)
+
+
+def tiny_policy_config(task: str, overrides: dict | None = None):
+  """An aligning task's demo config (rl, steerlm2, iterative_dpo) on a random one-layer
+  policy (no AC-SFT run) over the 2x2x2 mesh, with dotted-key overrides."""
+  config = task_config(task)
+  config.model.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                      num_kv_heads=2, attention_block_size=32, initializer_range=0.5)
+  config.init.checkpoint = ""
+  config.mesh.update(data=2, fsdp=2, tensor=2)
+  return task_config_overrides(config, overrides)
+
+
+def task_config_overrides(config, overrides: dict | None):
+  """`config` with dotted-key overrides."""
   for key, value in (overrides or {}).items():
     *path, leaf = key.split(".")
     target = config

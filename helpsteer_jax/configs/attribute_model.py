@@ -13,13 +13,15 @@ Bradley-Terry variants `regular_bt`, `margin_bt`, `scaled_bt` on
 HelpSteer2-Preference pairs (reward = the `bt_attribute` slot). The trained model is
 also written as an HF *ForSequenceClassification directory, `<workdir>/hf`.
 Presets: the default (tiny model on the built-in demo data), `llama3_70b_helpsteer2`,
-`llama2_13b_helpsteer`, `llama3_1_70b_scaled_bt`.
+`llama2_13b_helpsteer`, `llama3_1_70b_scaled_bt`, `demo_scaled_bt` (scaled BT on the demo
+pairs from the default run's workdir, written to workdir/attribute_model_bt).
 """
 
 from helpsteer_jax import config_base
 from helpsteer_jax.config_sections import init_config, optimizer_config, train_config
 
-PRESETS = ("demo", "llama3_70b_helpsteer2", "llama2_13b_helpsteer", "llama3_1_70b_scaled_bt")
+PRESETS = ("demo", "llama3_70b_helpsteer2", "llama2_13b_helpsteer", "llama3_1_70b_scaled_bt",
+           "demo_scaled_bt")
 RENAMED = {**config_base.MODEL_RENAMED, "score.batch_size": "eval_batch_size",
            "score": "removed: the final evaluation scores train.seq_len-token inputs in"
                     " batches of eval_batch_size"}
@@ -65,6 +67,18 @@ def get_config(preset: str = ""):
   config.init = init_config()
   if preset in ("", "demo"):
     return _demo(config)
+  if preset == "demo_scaled_bt":
+    # HelpSteer2-Preference's recipe on the demo data: Scaled Bradley-Terry starting from the
+    # demo regression run's backbone and head (its helpfulness slot is the reward).
+    config = _demo(config)
+    config.loss = "scaled_bt"
+    config.data.packing = False  # a pair is one row (two segments)
+    config.init.checkpoint = "workdir/attribute_model"
+    config.require_init_checkpoint = True
+    config.workdir = "workdir/attribute_model_bt"
+    config.train.update(num_steps=100, seq_len=512, eval_every=50, save_every=50)
+    config.optimizer.update(lr=5e-4, min_lr=5e-4, schedule="constant", warmup_steps=10)
+    return config
   if preset == "llama3_70b_helpsteer2":
     # HelpSteer2 paper (NeMo-Aligner): 2 epochs of HelpSteer2 = 317 steps at global batch
     # 128, constant lr 2e-6 after 10 warmup steps, sequence length 4096.

@@ -14,49 +14,24 @@ and `llama3_8b` (the paper's 7-8B scale), `llama3_70b`.
 dpo1d_segment, dpo1d_aspect.
 """
 
-import ml_collections
 
 from helpsteer_jax import config_base
-from helpsteer_jax.config_sections import optimizer_config, train_config
+from helpsteer_jax.config_sections import (
+  optimizer_config,
+  preference_data_config,
+  preference_loss_config,
+  reference_config,
+  train_config,
+)
 
 PRESETS = ("demo", "qwen2_7b", "llama3_8b", "llama3_70b")
 RENAMED = config_base.MODEL_RENAMED
 
-ASPECTS = ("helpfulness", "correctness", "safety", "completeness", "clarity")
-
-
-def _data(**overrides):
-  return config_base.data_config(
-      packing=False, fixed_shape=True,
-      max_segments=16,        # segments per response (pairs with more are dropped, counted)
-      score_max=4.0,          # scores are divided by this (the normalise of r = W . s)
-      response_label="",      # SteerLM attribute string for the response turn ("" = none)
-      demo_train_pairs=512, demo_validation_pairs=64, **overrides)
-
-
-def _loss(**overrides):
-  cfg = ml_collections.ConfigDict(dict(
-      loss_type="dpo2d", beta=0.1, grouped=True, label_smoothing=0.0,
-      aspects=ASPECTS, aspect_weights=(0.2, 0.2, 0.2, 0.2, 0.2),
-      vocab_chunk_size=0))  # > 0: project over vocabulary chunks (large vocabularies)
-  cfg.update(overrides)
-  return cfg
-
-
-def _reference(**overrides):
-  cfg = ml_collections.ConfigDict(dict(
-      mode="cached",   # "cached": first pass, saved under cache_dir; "on_the_fly": in the step
-      cache_dir="",    # "" = <workdir>/reference
-      batch=0))        # pairs per batch of the first pass (0 = train.micro_batch)
-  cfg.update(overrides)
-  return cfg
-
-
 def _base():
   config = config_base.base_config("dpo2d")
-  config.data = _data()
-  config.loss = _loss()
-  config.reference = _reference()
+  config.data = preference_data_config()
+  config.loss = preference_loss_config()
+  config.reference = reference_config()
   return config
 
 

@@ -14,7 +14,11 @@ its HF export (or any scorer source: a server URL, package.module:function).
 The reward of a response is its predicted attributes . `scorer.weights`
 (default: HelpSteer2's, the Llama3-70B-SteerLM-RM weights; for a Bradley-Terry
 model weigh its slot alone, e.g. --config.scorer.weights.helpfulness=1 and the
-others 0).
+others 0). `variants` compares several in one table:
+
+  helpsteer-jax --config=configs/evaluate_rm.py --config.variants=\
+regression=workdir/attribute_model,scaled_bt=workdir/attribute_model_bt@helpfulness,\
+expo_0.3=workdir/expo/alpha_0.3@helpfulness
 """
 
 from helpsteer_jax import config_base
@@ -42,4 +46,8 @@ def get_config(preset: str = ""):
   for key in ("truncation", "add_bos", "packing"):  # the scorer's (scorer.truncation, ...)
     del config.data[key]
   config.scorer = scorer_section(source=ATTRIBUTE_MODEL_RUN)
+  # Several reward models in one table (pairs only), instead of scorer.source:
+  # "name=source,name=source@attribute" (@attribute: that slot alone is the reward, a BT
+  # model's bt_attribute; otherwise scorer.weights). scorer.* is every variant's setting.
+  config.variants = ""
   return scoring_preset(config, preset)

@@ -29,8 +29,9 @@ from helpsteer_jax import config_base
 from helpsteer_jax.config_sections import (
   DEFAULT_STOP_STRINGS,
   DEFAULT_SYSTEM,
-  DEMO_SHAPE,
+  demo_policy,
   optimizer_config,
+  scorer_on_mesh,
   scorer_section,
   steer_config,
   train_config,
@@ -95,11 +96,8 @@ def _reward():
 
 
 def _demo(config):
-  config.model = config_base.model_section("tiny", **DEMO_SHAPE, attention_block_size=64)
-  config.init.checkpoint = "workdir/acsft"   # the default AC-SFT run
-  config.train = train_config(num_steps=40, global_batch=64, micro_batch=64, seq_len=192,
-                              log_every=1, eval_every=10, save_every=10,
-                              export_dtype="float32", loss_chunk_size=64)
+  demo_policy(config, num_steps=40, global_batch=64, micro_batch=64, log_every=1,
+              eval_every=10, save_every=10)
   config.optimizer = optimizer_config(lr=5e-5, schedule="constant", warmup_steps=0,
                                       weight_decay=0.0, grad_clip=1.0)
   return config
@@ -118,11 +116,7 @@ def _big(config, preset, *, lr, kl, tensor=1):
   config.loss.kl_coef = kl
   config.reward.normalize = "fixed"
   config.mesh = config_base.mesh_config(data=1, fsdp=-1, tensor=tensor)
-  # An attribute model of the same family must be given (scorer.source); scoring only: bf16.
-  config.scorer.source = ""
-  config.scorer.model = config_base.model_section(preset, dtype="bfloat16",
-                                                 param_dtype="bfloat16")
-  config.scorer.batch_size = 16
+  scorer_on_mesh(config, preset)
   config.require_hf_path = preset != "smollm2_135m"
   return config
 

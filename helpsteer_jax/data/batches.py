@@ -1,7 +1,7 @@
 """Each task's batch, declared once: field names, dtypes and symbolic shapes.
 
 A field's shape names its axes: the first is the batch axis ("batch" rows,
-or "pairs" of rows), then "length" (tokens), "segments", "aspects", or a
+"pairs" or "groups" of rows), then "length" (tokens), "segments", "aspects", or a
 number. Everything that touches a batch derives from these declarations:
 
 - featurizers make examples with `schema.example(...)` /
@@ -206,6 +206,24 @@ CACHED_PAIR_BATCH = PAIR_BATCH.extend(
 REFERENCE_INPUT = PAIR_BATCH.select(
     "reference_input", "inputs", "targets", "positions", "segment_ids", "token_segments",
     "seg_mask")
+
+# SteerLM 2.0: a group of n responses to one prompt and attribute string, a row each,
+# with the starting model's log-probabilities and the importance weights.
+_GROUP = ("groups", "responses", "length")
+STEERLM2_BATCH = BatchSchema(
+    "steerlm2",
+    inputs=Field(np.int32, _GROUP, doc="prompt (with its label) then response token ids"),
+    targets=Field(np.int32, _GROUP, doc="the next token ids"),
+    positions=Field(np.int32, _GROUP, doc="token index"),
+    segment_ids=Field(np.int32, _GROUP, doc="1 on real tokens, 0 = padding"),
+    weights=Field(np.float32, _GROUP, doc="1 where the target is a response token"),
+    log_q=Field(np.float32, ("groups", "responses"), doc="log Q'(y|a,x), the starting model"),
+    ws=Field(np.float32, ("groups", "responses"), doc="the importance weights (sum to 1)"),
+    group_weight=Field(np.float32, ("groups", "responses"),
+                       doc="1 on a real group's rows, 0 for padding"))
+# What a forward pass over groups reads (the sampling phase's log-probabilities).
+STEERLM2_INPUT = STEERLM2_BATCH.select(
+    "steerlm2_input", "inputs", "targets", "positions", "segment_ids", "weights")
 
 # Online RL: a prompt and its sampled completion per row, and per completion token
 # ("completion" = max_new_tokens) the arrays the policy-gradient losses read.

@@ -106,7 +106,10 @@ def segment_texts(text: str) -> list[str]:
 
 
 def spans_of(text: str, segments: Sequence[str]) -> list[tuple[int, int]] | None:
-  """Spans of `segments` if they tile `text` exactly (in order), else None."""
+  """Spans of `segments` if they tile `text` exactly (in order), else None; an empty
+  response is one empty segment (its end-of-turn tokens belong to it)."""
+  if not text and list(segments) == [""]:
+    return [(0, 0)]
   if "".join(segments) != text or any(not s for s in segments):
     return None
   ends = np.cumsum([len(s) for s in segments]).tolist()

@@ -141,6 +141,12 @@ def generate_rows(generator: Generator, requests: Sequence[steering.Request],
                                batch_size, answer)
 
 
+def read_rows(path: pathlib.Path) -> list[dict]:
+  """The rows `generate_rows` wrote."""
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f]
+
+
 def same_input_sources(requests: Sequence[steering.Request]) -> list[int]:
   """Per request, the index of the first request with the same model input (itself if
   it is the first)."""
@@ -209,9 +215,26 @@ def summarize(rows: Sequence[dict], grid: Sequence[Setting]) -> dict:
     }
     if predicted is not None:
       entry["unscored"] = sum(1 for r in group if not r.get("predicted"))
+      entry["abs_error"] = _mean(abs(r["predicted"][s.attribute] - s.value)
+                                 for r in group if r.get("predicted"))
     sweeps.setdefault(s.attribute, []).append(entry)
   return {"attributes": list(sweeps), "values": sorted({s.value for s in grid}),
           "sweeps": sweeps}
+
+
+def adherence(summary: dict) -> dict[str, float | None]:
+  """Per swept attribute, the mean absolute error of its predictions to the requested
+  values over every value and response (each value weighted by its responses), and
+  their mean over attributes as `mean`; None without predictions."""
+  out: dict[str, float | None] = {}
+  for name, entries in summary["sweeps"].items():
+    pairs = [(e["abs_error"], e["responses"] - e["unscored"]) for e in entries
+             if e.get("abs_error") is not None]
+    total = sum(n for _, n in pairs)
+    out[name] = sum(x * n for x, n in pairs) / total if total else None
+  known = [v for v in out.values() if v is not None]
+  out["mean"] = float(np.mean(known)) if known else None
+  return out
 
 
 def series(summary: dict, attribute: str, measure: str) -> tuple[list[int], list[float]]:

@@ -8,9 +8,10 @@ import json
 import math
 import pathlib
 
-from helpsteer_jax.eval.steering_sweep import series
+from helpsteer_jax.eval.steering_sweep import adherence, series
 
 JSON_FILE, TABLE_FILE, PLOT_FILE = "sweep.json", "sweep.md", "sweep.png"
+COMPARE_TABLE, COMPARE_PLOT = "adherence.md", "adherence.png"
 
 
 def _fmt(x: float | None, digits: int = 1) -> str:
@@ -89,3 +90,63 @@ def write(summary: dict, out_dir: str | pathlib.Path, title: str = "") -> dict[s
   paths["table"].write_text((f"# {title}\n\n" if title else "") + table(summary) + "\n")
   plot(summary, paths["plot"], title)
   return {k: str(v) for k, v in paths.items()}
+
+
+def read(path: str | pathlib.Path) -> dict:
+  """A sweep summary `write` wrote."""
+  return json.loads(pathlib.Path(path).read_text())
+
+
+def comparison_table(summaries: dict[str, dict]) -> tuple[str, dict[str, dict]]:
+  """(Markdown, the figures): per model, per swept attribute, the mean absolute error of
+  the attribute model's predictions to the requested values, and their mean."""
+  scores = {label: adherence(s) for label, s in summaries.items()}
+  names = list(dict.fromkeys(n for s in summaries.values() for n in s["attributes"]))
+  header = ["model"] + names + ["mean"]
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  for label, row in scores.items():
+    lines.append("| " + " | ".join([label] + [_fmt(row.get(n), 3) for n in names + ["mean"]])
+                 + " |")
+  return "\n".join(lines), scores
+
+
+def plot_comparison(summaries: dict[str, dict], path: str | pathlib.Path, title: str = "") -> None:
+  """One panel per swept attribute: each model's mean prediction of it against the
+  requested value, and the identity (perfect adherence)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  names = list(dict.fromkeys(n for s in summaries.values() for n in s["attributes"]))
+  fig, axes = plt.subplots(1, max(len(names), 1), figsize=(3.2 * max(len(names), 1), 3.2),
+                           squeeze=False)
+  for k, (ax, name) in enumerate(zip(axes[0], names)):
+    for i, (label, summary) in enumerate(summaries.items()):
+      if name in summary["sweeps"]:
+        xs, ys = series(summary, name, "predicted")
+        ax.plot(xs, ys, "o-", color=f"C{i}", label=label)
+    ax.plot([0, 4], [0, 4], ":", color="0.6", label="requested")
+    ax.set(xlim=(-0.2, 4.2), ylim=(-0.2, 4.2), xticks=range(5), title=name,
+           xlabel=f"requested {name}")
+    if k == 0:
+      ax.set_ylabel("predicted (attribute model)")
+  handles, labels = axes[0][0].get_legend_handles_labels()
+  fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+  if title:
+    fig.suptitle(title, fontsize=10)
+  fig.tight_layout(rect=(0, 0.08, 1, 1))
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def write_comparison(summaries: dict[str, dict], out_dir: str | pathlib.Path,
+                     title: str = "") -> dict:
+  """`adherence.md` and `adherence.png` in `out_dir` (one process only); returns the
+  table, the figures and the paths."""
+  out = pathlib.Path(out_dir)
+  text, scores = comparison_table(summaries)
+  (out / COMPARE_TABLE).write_text((f"# {title}\n\n" if title else "") + text + "\n")
+  if summaries:
+    plot_comparison(summaries, out / COMPARE_PLOT, title)
+  return {"table": text, "adherence": scores, "adherence_table": str(out / COMPARE_TABLE),
+          "plot": str(out / COMPARE_PLOT) if summaries else None}

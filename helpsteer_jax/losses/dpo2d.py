@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from helpsteer_jax.losses import dpo
 
 LOSS_TYPES = ("dpo2d", "dpo", "ipo", "dpo1d_segment", "dpo1d_aspect")
+SEQUENCE_LOSSES = ("dpo", "ipo")  # read whole responses' log-ratios, no segment scores
 
 
 class PairInputs(NamedTuple):

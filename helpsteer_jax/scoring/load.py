@@ -107,27 +107,34 @@ def model_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime,
   return ModelScorer(model, rt, tok, int(section.batch_size))
 
 
-def load_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime | None,
-                key: str = "scorer.source") -> Scorer:
-  """The scorer `section.source` names; `rt` (the mesh) is needed for a local model."""
-  source = str(section.source or "")
+def check_source(source: str, key: str = "scorer.source") -> str:
+  """`source` if it names a scorer (a path that exists, a URL, demo_rules, a factory);
+  ConfigError naming `key` otherwise."""
   if not source:
     raise ConfigError(f"{key} is empty: give an attribute_model workdir or its HF export"
                       " (<workdir>/hf), a configs/serve.py server's base URL"
                       f" (http://127.0.0.1:8000/v1), {rules.DEMO_RULES}, or"
                       " package.module:function (a factory taking config.scorer and"
                       " returning a function conversations -> [n, 9] predictions)")
+  if (source != rules.DEMO_RULES and not remote.is_url(source) and not is_factory(source)
+      and not pathlib.Path(source).expanduser().exists()):
+    raise ConfigError(f"{key}={source!r}: no such file or directory, URL or"
+                      " package.module:function; give an attribute_model workdir or its HF"
+                      " export, a server's base URL (http://host:port/v1), a factory, or"
+                      f" {rules.DEMO_RULES}")
+  return source
+
+
+def load_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime | None,
+                key: str = "scorer.source") -> Scorer:
+  """The scorer `section.source` names; `rt` (the mesh) is needed for a local model."""
+  source = check_source(str(section.source or ""), key)
   if source == rules.DEMO_RULES:
     return HostScorer(rules.demo_rule_scores)
   if remote.is_url(source):
     return PrimaryScorer(remote.HttpScorer(source, int(section.batch_size)))
   if is_factory(source):
     return HostScorer(_factory(section, key))
-  if not pathlib.Path(source).expanduser().exists():
-    raise ConfigError(f"{key}={source!r}: no such file or directory, URL or"
-                      " package.module:function; give an attribute_model workdir or its HF"
-                      " export, a server's base URL (http://host:port/v1), a factory, or"
-                      f" {rules.DEMO_RULES}")
   if rt is None:
     raise ValueError("a local attribute model needs the runtime's mesh")
   return model_scorer(section, rt, key)

@@ -8,6 +8,7 @@ import pathlib
 import numpy as np
 
 from helpsteer_jax.data.records import ATTRIBUTES, IGNORE_LABEL, MAX_SCORE, MIN_SCORE
+from helpsteer_jax.scoring.metrics import REWARDBENCH_SECTIONS
 
 
 def _fmt(x: float) -> str:
@@ -32,6 +33,22 @@ def pairs_table(title: str, result: dict) -> str:
   for subset, m in result.get("by_subset", {}).items():
     if subset:
       lines.append(f"| {subset} | {m['count']} | {_fmt(m['accuracy'])} |")
+  return "\n".join(lines)
+
+
+def variants_table(variants: dict[str, dict]) -> str:
+  """One row per variant: its reward, HelpSteer2-Preference pairwise accuracy and the
+  RewardBench sections (and their mean, Score) present, as a Markdown table."""
+  sections = [name for name in (*REWARDBENCH_SECTIONS, "Score")
+              if any(name in v.get("rewardbench", {}).get("sections", {})
+                     for v in variants.values())]
+  head = ["variant", "reward", "HelpSteer2-Preference", *(f"RB {s}" for s in sections)]
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for name, v in variants.items():
+    pairs = v.get("helpsteer2_preference", {}).get("accuracy", float("nan"))
+    rb = v.get("rewardbench", {}).get("sections", {})
+    cells = [name, v["reward"], _fmt(pairs), *(_fmt(rb.get(s, float("nan"))) for s in sections)]
+    lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
 
 

@@ -13,6 +13,7 @@ TASKS = {
     "attribute_model": "helpsteer_jax.tasks.attribute_model",
     "evaluate_rm": "helpsteer_jax.tasks.evaluate_rm",
     "export_rm": "helpsteer_jax.tasks.export_rm",
+    "expo": "helpsteer_jax.tasks.expo",
     "annotate": "helpsteer_jax.tasks.annotate",
     "dpo2d": "helpsteer_jax.tasks.dpo2d",
     "build_2d": "helpsteer_jax.tasks.build_2d",
@@ -21,6 +22,8 @@ TASKS = {
     "steering_sweep": "helpsteer_jax.tasks.steering_sweep",
     "serve": "helpsteer_jax.tasks.serve",
     "rl": "helpsteer_jax.tasks.rl",
+    "steerlm2": "helpsteer_jax.tasks.steerlm2",
+    "iterative_dpo": "helpsteer_jax.tasks.iterative_dpo",
 }
 
 

@@ -80,7 +80,8 @@ def data_sources(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> tu
 def load_features(path: str, config, cfg: dpo2d.PreferenceLossConfig, tokenizer) -> list:
   data = config.data
   report = BadRecordReport()
-  rows = helpsteer_2d.read_2d(path, cfg.aspects, data.score_max, data.on_bad_record, report)
+  rows = helpsteer_2d.read_2d(path, cfg.aspects, data.score_max, data.on_bad_record, report,
+                              whole_responses=cfg.loss_type in dpo2d.SEQUENCE_LOSSES)
   if report.total:
     logging.warning("%s: %s", path, report.summary())
   features, tok_report = pair_rows.pair_features(

@@ -9,6 +9,14 @@ and per RewardBench section.
 Writes `rm_report.json` and `rm_attributes.png` to the workdir and prints
 the tables.
 
+`variants` ("name=source,name=source@attribute,...") compares several reward
+models in one table instead: each source (any scorer source) on the pairs
+alone, its reward the predictions . `scorer.weights`, or with `@attribute`
+that attribute's slot alone (a Bradley-Terry model's `bt_attribute`). With no
+data configured the demo's validation rows, its HelpSteer2-Preference pairs
+and the same pairs as a RewardBench-format file (`demo.rows.rewardbench_subset`)
+are evaluated.
+
 Several processes: each feeds only its devices' rows of every scoring batch
 (sharded over the mesh); the predictions come back to every process, and
 process 0 alone writes the report and the figure.
@@ -16,19 +24,23 @@ process 0 alone writes the report and the figure.
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 
 import ml_collections
+import numpy as np
 from absl import logging
 
 from helpsteer_jax import multihost, processes
 from helpsteer_jax.data.formats import helpsteer, preference
 from helpsteer_jax.data.formats.rows import BadRecordReport
+from helpsteer_jax.data.records import ATTRIBUTES
+from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.progress import Progress
 from helpsteer_jax.scoring import evaluate as rm_eval
 from helpsteer_jax.scoring import report as rm_report
 from helpsteer_jax.scoring import rewards
-from helpsteer_jax.scoring.load import load_scorer
+from helpsteer_jax.scoring.load import check_source, load_scorer
 from helpsteer_jax.tasks import setup as setup_lib
 from helpsteer_jax.tasks import summary as summary_lib
 
@@ -39,23 +51,86 @@ def _warn(report: BadRecordReport, what: str) -> int:
   return report.total
 
 
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """One reward model of `variants`: its name, scorer source and reward (an attribute
+  read alone, or "" for `scorer.weights`)."""
+  name: str
+  source: str
+  attribute: str = ""
+
+  def weights(self, default: np.ndarray) -> np.ndarray:
+    if not self.attribute:
+      return default
+    return np.asarray([a == self.attribute for a in ATTRIBUTES], np.float32)
+
+
+def parse_variants(spec: str) -> list[Variant]:
+  """`name=source[@attribute],...` as Variants, each checked (ConfigError naming it)."""
+  variants = []
+  for item in (part.strip() for part in spec.split(",") if part.strip()):
+    name, sep, rest = item.partition("=")
+    source, _, attribute = rest.rpartition("@") if "@" in rest else (rest, "", "")
+    name, source, attribute = name.strip(), source.strip(), attribute.strip()
+    if not (sep and name and source):
+      raise ConfigError(f"variants: {item!r} is not name=source[@attribute] (e.g."
+                        " regression=workdir/attribute_model,"
+                        "scaled_bt=workdir/attribute_model_bt@helpfulness)")
+    if attribute and attribute not in ATTRIBUTES:
+      raise ConfigError(f"variants: {item!r} reads attribute {attribute!r}; choose one of"
+                        f" {', '.join(ATTRIBUTES)}")
+    if any(v.name == name for v in variants):
+      raise ConfigError(f"variants: the name {name!r} is given twice")
+    variants.append(Variant(name, check_source(source, f"variants[{name}]"), attribute))
+  return variants
+
+
 def _sources(config, workdir: pathlib.Path) -> tuple[str, str, str]:
   data = config.data
   validation, pairs = data.validation_path, data.preference_path
-  if not (validation or pairs or data.rewardbench_path):  # the demo rows and pairs
+  rewardbench = data.rewardbench_path
+  if not (validation or pairs or rewardbench):  # the demo rows and pairs
     validation = setup_lib.helpsteer_sources(config, workdir)[1]
     pairs = setup_lib.preference_sources(config, workdir)[1]
-  return validation, pairs, data.rewardbench_path
+    rewardbench = setup_lib.rewardbench_source(config, workdir)
+  return validation, pairs, rewardbench
+
+
+def evaluate_variants(config, rt, variants: list[Variant], sets: dict,
+                      weights: np.ndarray) -> dict:
+  """{variant: {source, reward, <pair set>: evaluate_pairs' result}}, one model loaded at
+  a time."""
+  names = [n for n in ("helpsteer2_preference", "rewardbench") if n in sets]
+  total = len(variants) * sum(2 * sum(p.strength != 0 for p in sets[n]) for n in names)
+  progress = Progress(total=total, initial=0, desc="evaluate_rm variants")
+  out = {}
+  try:
+    for variant in variants:
+      section = config.scorer.copy_and_resolve_references()
+      section.source = variant.source
+      scorer = load_scorer(section, rt, key=f"variants[{variant.name}]")
+      w = variant.weights(weights)
+      out[variant.name] = {"source": variant.source,
+                           "reward": variant.attribute or "scorer.weights",
+                           "reward_weights": w.tolist()}
+      for name in names:
+        out[variant.name][name] = rm_eval.evaluate_pairs(scorer, sets[name], w,
+                                                         progress.update)
+      del scorer
+  finally:
+    progress.close()
+  return out
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   weights = rewards.weight_vector(config.scorer.weights.to_dict())
+  variants = parse_variants(config.variants)
   setup = setup_lib.prepare(config, workdir, tokenizer=False, model=False)
   workdir, data = setup.workdir, config.data
   validation, pairs_path, rewardbench_path = _sources(config, workdir)
   bad = BadRecordReport()
   sets = {}
-  if validation:
+  if validation and not variants:
     sets["attributes"] = helpsteer.read_records(validation, data.validation_split, data.format,
                                               data.on_bad_record, bad)
   if pairs_path:
@@ -65,6 +140,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     sets["rewardbench"] = preference.read_rewardbench(
         rewardbench_path, data.rewardbench_split, data.on_bad_record, bad)
   _warn(bad, "evaluation data")
+  if variants:
+    report = {"variants": evaluate_variants(config, setup.rt, variants, sets, weights),
+              "bad_records": bad.total}
+    summary_lib.write_summary(workdir / "rm_report.json", report,
+                              rm_report.variants_table(report["variants"]),
+                              f"evaluate_rm: report in {workdir / 'rm_report.json'}")
+    return report
 
   scorer = load_scorer(config.scorer, setup.rt)
   total = sum(len(v) if k == "attributes" else 2 * sum(p.strength != 0 for p in v)

@@ -40,7 +40,8 @@ from helpsteer_jax.train import abstract_step, export
 DEMO_TRAIN_SEED = 20_000  # the demo generator's seed for RL prompts (not the held-out one)
 
 
-def _requests(path: str, which: str, attributes: dict, config) -> list[steering.Request]:
+def read_requests(path: str, which: str, attributes: dict, config) -> list[steering.Request]:
+  """The train or eval prompts (`path`, else the demo's), each prompt once."""
   pc = config.prompts
   if path:
     requests = steering.read_requests(path, attributes, pc.system)
@@ -71,7 +72,7 @@ def read_prompts(config: ml_collections.ConfigDict, attributes: dict, encode, ma
   """The train or eval prompts, tokenized; those over `max_prompt` tokens are dropped."""
   pc = config.prompts
   path = pc.train_path if which == "train" else pc.eval_path
-  requests = _requests(path, which, attributes, config)
+  requests = read_requests(path, which, attributes, config)
   if which == "eval" and pc.eval_limit:
     requests = requests[:pc.eval_limit]
   if pc.sample_attributes:

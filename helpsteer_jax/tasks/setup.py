@@ -68,3 +68,10 @@ def preference_sources(config: ml_collections.ConfigDict,
   return _configured_or_demo(config, workdir, "preference/preference.jsonl.gz",
                              demo_rows.write_demo_preference)
 
+
+def rewardbench_source(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> str:
+  """The demo's RewardBench-format file (the demo validation pairs, `rewardbench/`)."""
+  data = config.data
+  demo_dir = runtime.write_once(workdir / "demo_data", "rewardbench/filtered.jsonl", lambda d: (
+      demo_rows.write_demo_rewardbench(d, data.demo_train_rows, data.demo_validation_rows)))
+  return str(demo_dir / "rewardbench")

@@ -13,7 +13,6 @@ reports describe exactly the rows on disk.
 
 from __future__ import annotations
 
-import json
 import pathlib
 import time
 
@@ -59,11 +58,6 @@ def sweep_scorer(config: ml_collections.ConfigDict, rt: runtime.Runtime) -> Scor
   return load_scorer(config.scorer, rt) if config.scorer.source else None
 
 
-def read_rows(path: pathlib.Path) -> list[dict]:
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f]
-
-
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   workdir = pathlib.Path(workdir)
   if config.batch_size < 1 or config.max_new_tokens < 1:
@@ -97,7 +91,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       "prompt_source": source, "prompts": len(prompts), "defaults": defaults,
       "sampling": config.sampling.to_dict(), "max_new_tokens": config.max_new_tokens,
       "scorer": config.scorer.source or None,
-      **sweep_lib.summarize(read_rows(out_path), grid)}
+      **sweep_lib.summarize(sweep_lib.read_rows(out_path), grid)}
   paths = sweep_report.write(summary, workdir, f"Steering sweep: {summary['model']}")
   print(f"steering_sweep: {len(grid)} settings x {len(prompts)} prompts"
         f" ({distinct} distinct model inputs) in {seconds:.1f}s ({done} rows already written)"

@@ -215,17 +215,50 @@ def write_demo_dataset(out_dir: str | pathlib.Path, num_train: int = 2000,
   return out
 
 
+def _preference_rows(num_train: int, num_validation: int, seed: int) -> Iterator[dict]:
+  rng = np.random.RandomState(seed + 2)
+  for i in range(num_train + num_validation):
+    yield make_preference_row(rng, "train" if i < num_train else "validation")
+
+
 def write_demo_preference(out_dir: str | pathlib.Path, num_train: int = 2000,
                           num_validation: int = 200, seed: int = 0) -> pathlib.Path:
   """Writes `preference/preference.jsonl.gz` (both splits) as HelpSteer2 ships it."""
   path = pathlib.Path(out_dir) / "preference" / "preference.jsonl.gz"
   path.parent.mkdir(parents=True, exist_ok=True)
-  rng = np.random.RandomState(seed + 2)
   tmp = path.with_suffix(".tmp")
   with gzip.open(tmp, "wt", encoding="utf-8") as f:
-    for i in range(num_train + num_validation):
-      row = make_preference_row(rng, "train" if i < num_train else "validation")
+    for row in _preference_rows(num_train, num_validation, seed):
       f.write(json.dumps(row) + "\n")
+  tmp.replace(path)
+  return path
+
+
+def rewardbench_subset(row: dict) -> str:
+  """The RewardBench subset a demo pair stands in for: arithmetic is Reasoning
+  (math-prm); the other pairs are Chat (alpacaeval-easy) when the helpfulness gap is 2
+  or more, else Chat Hard (llmbar-natural)."""
+  if _MATH_PROMPT.search(row["prompt"].split(TURN_USER)[-1]):
+    return "math-prm"
+  return "alpacaeval-easy" if abs(row["preference_strength"]) >= 2 else "llmbar-natural"
+
+
+def write_demo_rewardbench(out_dir: str | pathlib.Path, num_train: int = 2000,
+                           num_validation: int = 200, seed: int = 0) -> pathlib.Path:
+  """Writes `rewardbench/filtered.jsonl`: the validation pairs of `write_demo_preference`
+  (the same arguments give the same pairs; ties left out) in RewardBench's format
+  (prompt, chosen, rejected, subset: `rewardbench_subset`)."""
+  path = pathlib.Path(out_dir) / "rewardbench" / "filtered.jsonl"
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_suffix(".tmp")
+  with open(tmp, "w", encoding="utf-8") as f:
+    for row in _preference_rows(num_train, num_validation, seed):
+      if row["split"] != "validation" or row["preference_strength"] == 0:
+        continue
+      one, two = row["response_1"], row["response_2"]
+      chosen, rejected = (one, two) if row["preference_strength"] < 0 else (two, one)
+      f.write(json.dumps(dict(prompt=row["prompt"], chosen=chosen, rejected=rejected,
+                              subset=rewardbench_subset(row))) + "\n")
   tmp.replace(path)
   return path
 

@@ -113,11 +113,21 @@ def _segments_2d(row: Mapping, side: str, aspects: Sequence[str],
   return ScoredResponse(text, tuple(texts), np.asarray(scores, np.float32))
 
 
-def _row_2d(aspects: Sequence[str], score_max: float):
+def _whole(row: Mapping, side: str, aspects: Sequence[str]) -> ScoredResponse:
+  text = required(row, side)
+  if not isinstance(text, str):  # an empty answer is still an answer (its end of turn)
+    raise BadRecord(f"{side!r} is not a string", type(text).__name__)
+  return ScoredResponse(text, (text,), np.zeros((1, len(aspects)), np.float32))
+
+
+def _row_2d(aspects: Sequence[str], score_max: float, whole_responses: bool = False):
   def check(row: Any, where: str) -> ScoredPair:
     if not isinstance(row, Mapping):
       raise BadRecord("not a JSON object", type(row).__name__)
     prompt = required_text(row, "prompt")
+    if whole_responses and "chosen_segments" not in row and "rejected_segments" not in row:
+      return ScoredPair(prompt, _whole(row, "chosen", aspects),
+                        _whole(row, "rejected", aspects), where)
     return ScoredPair(prompt, _segments_2d(row, "chosen", aspects, score_max),
                           _segments_2d(row, "rejected", aspects, score_max), where)
   return check
@@ -172,16 +182,20 @@ def iter_csv_rows(path: str) -> Iterator[tuple[int, dict]]:
 
 
 def read_2d(path: str | os.PathLike, aspects: Sequence[str] = ASPECTS_2D, score_max: float = 4.0,
-            on_bad_record: str = "error", report: BadRecordReport | None = None
-            ) -> list[ScoredPair]:
-  """HelpSteer-2D pairs from `.jsonl` / `.jsonl.gz` or `.csv` (one `score` aspect)."""
+            on_bad_record: str = "error", report: BadRecordReport | None = None,
+            whole_responses: bool = False) -> list[ScoredPair]:
+  """HelpSteer-2D pairs from `.jsonl` / `.jsonl.gz` or `.csv` (one `score` aspect).
+
+  `whole_responses` (the sequence-level losses, which read no segment scores) also
+  takes plain `prompt` / `chosen` / `rejected` rows (TRL's format), each response one
+  unscored segment."""
   path = os.fspath(path)
   if not os.path.isfile(path):
     raise ConfigError(f"{path} does not exist (expected a HelpSteer-2D .jsonl or .csv file)")
   if path.endswith(".csv"):
     rows, check = iter_csv_rows(path), _row_csv(score_max)
   elif path.endswith((".jsonl", ".jsonl.gz")):
-    rows, check = iter_json_lines(path), _row_2d(tuple(aspects), score_max)
+    rows, check = iter_json_lines(path), _row_2d(tuple(aspects), score_max, whole_responses)
   else:
     raise ConfigError(f"{path}: unsupported file type for 2D data; use .jsonl, .jsonl.gz or .csv")
   return [p for _, p in iter_checked_rows(rows, path, check, on_bad_record, report)]

@@ -1,0 +1,193 @@
+"""Iterative DPO (HelpSteer2 paper): sample, pick best and worst by reward, DPO; repeat.
+
+Each round (`tasks.rounds`) samples `sampling.responses` answers per prompt with
+the round's policy (temperature 0.7, top-p 0.9 by default), scores them with the
+attribute model's weighted reward (`inference.best_of_n`, the rows in
+`iteration_<r>/samples.jsonl`), pairs each prompt's best against its worst
+(prompts whose answers all score the same are dropped) in
+`iteration_<r>/pairs.jsonl` (prompt / chosen / rejected, TRL's format), and
+trains the dpo2d task's sequence-level loss on them, its reference the round's
+starting policy. Before round 1 and after every round the greedy answers to the
+held-out prompts are scored; the summary lists their mean reward per round.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import ml_collections
+import numpy as np
+from absl import logging
+
+from helpsteer_jax import processes
+from helpsteer_jax.data import template
+from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.inference import best_of_n, steering
+from helpsteer_jax.inference.sampling import SamplingConfig
+from helpsteer_jax.losses.dpo2d import SEQUENCE_LOSSES
+from helpsteer_jax.resume import append_batches
+from helpsteer_jax.scoring import rewards as scoring_rewards
+from helpsteer_jax.scoring.load import load_scorer
+from helpsteer_jax.tasks import dpo2d, policy, rl, rounds
+from helpsteer_jax.tasks import setup as setup_lib
+from helpsteer_jax.tasks import summary as summary_lib
+from helpsteer_jax.train import loop
+
+SAMPLES, PAIRS, EVAL = "samples.jsonl", "pairs.jsonl", "eval.json"
+# A round's step is dpo2d's (whole-response pairs, the configured reference mode).
+batch_schema = dpo2d.batch_schema
+abstract_train_step = dpo2d.abstract_train_step
+
+
+def check(config: ml_collections.ConfigDict) -> None:
+  """Every setting problem, before anything loads."""
+  rounds.check(config)
+  problems = []
+  if config.sampling.responses < 2:
+    problems.append("sampling.responses must be at least 2 (a pair is the best and the worst)")
+  if config.loss.loss_type not in SEQUENCE_LOSSES:
+    problems.append(f"loss.loss_type={config.loss.loss_type!r}: sampled pairs have no segment"
+                    f" scores; choose one of {SEQUENCE_LOSSES}")
+  if config.sampling.temperature <= 0:
+    problems.append("sampling.temperature must be > 0 (greedy answers are all the same)")
+  if config.sampling.batch_prompts < 1:
+    problems.append("sampling.batch_prompts must be at least 1")
+  if config.prompts.system != template.DEFAULT_SYSTEM:
+    problems.append("prompts.system: DPO's pair rows use the default system prompt; leave it")
+  if problems:
+    raise ConfigError("; ".join(problems))
+
+
+def _requests(config, attributes, which: str) -> list[steering.Request]:
+  """The train or eval prompts (`rl`'s), every one asking for the run's attributes (the
+  pairs train under that one label)."""
+  path = config.prompts.train_path if which == "train" else config.prompts.eval_path
+  requests = rl.read_requests(path, which, attributes, config)
+  for r in requests:
+    r.attributes = dict(attributes)
+  return requests[:config.prompts.eval_limit or None] if which == "eval" else requests
+
+
+def _answer(config, gen, scorer, weights, seed: int, sampling: SamplingConfig, n: int):
+  def answer(start: int, batch: list[steering.Request]) -> list[dict]:
+    results = best_of_n.best_of_n(gen, batch, n, scorer, weights,
+                                  config.sampling.max_new_tokens, sampling, seed + start)
+    return [req.output_row(res.response, best=res.best,
+                           candidates=[vars(c) for c in res.candidates])
+            for req, res in zip(batch, results)]
+  return answer
+
+
+def best_and_worst(rows: list[dict]) -> list[dict]:
+  """A pair per row: its highest-reward answer against its lowest; rows whose answers
+  tie (or could not be scored) give none."""
+  pairs = []
+  for row in rows:
+    rewards = np.asarray([c["reward"] for c in row["candidates"]], np.float64)
+    if not np.isfinite(rewards).all() or rewards.max() == rewards.min():
+      continue
+    hi, lo = int(np.argmax(rewards)), int(np.argmin(rewards))
+    pairs.append({"prompt": row["prompt"], "chosen": row["candidates"][hi]["response"],
+                  "rejected": row["candidates"][lo]["response"],
+                  "chosen_reward": float(rewards[hi]), "rejected_reward": float(rewards[lo])})
+  return pairs
+
+
+def sample_round(config, setup, r: int, requests, scorer, weights) -> pathlib.Path:
+  """Round r's samples (appended batch by batch, resumed) and its pairs file."""
+  rdir = rounds.round_dir(setup.workdir, r)
+  rdir.mkdir(parents=True, exist_ok=True)
+  chosen = [requests[i] for i in rounds.prompt_indices(
+      len(requests), config.prompts.per_iteration, config.seed, r)]
+  sc = config.sampling
+  model = rounds.load_model(rounds.round_config(config, setup.workdir, r), setup.rt)
+  gen = rounds.generator(model, setup.rt, setup.tokenizer, config,
+                         sc.max_batch or sc.batch_prompts * sc.responses)
+  sampling = SamplingConfig(temperature=sc.temperature, top_p=sc.top_p, top_k=sc.top_k)
+  append_batches(rdir / SAMPLES, chosen, steering.Request.matches, "--workdir",
+                 sc.batch_prompts, _answer(config, gen, scorer, weights,
+                                           rounds.sampling_seed(config.seed, r), sampling,
+                                           sc.responses))
+  path = rdir / PAIRS
+  if processes.is_primary():
+    rows = [json.loads(line) for line in (rdir / SAMPLES).read_text().splitlines()]
+    pairs = best_and_worst(rows)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in pairs))
+    tmp.replace(path)
+    logging.info("iterative_dpo round %d: %d pairs from %d prompts (%d ties dropped)", r,
+                 len(pairs), len(rows), len(rows) - len(pairs))
+  if rounds.line_count(path) == 0:
+    raise ConfigError(f"{path}: every prompt's answers tied; raise sampling.responses or"
+                      " sampling.temperature")
+  return path
+
+
+def train_round(config, setup, r: int, pairs: pathlib.Path, label: str) -> dict:
+  """DPO on round r's pairs from round r-1's weights (the reference: those weights)."""
+  sub = rounds.round_config(config, setup.workdir, r)
+  sub.tokenizer = setup.tokenizer_dir
+  sub.data.update(train_path=str(pairs), validation_path="", response_label=label)
+  return dpo2d.run(sub, str(rounds.round_dir(setup.workdir, r)))
+
+
+def evaluate(config, setup, r: int, requests, scorer, weights) -> float:
+  """The mean reward of the greedy answers of round r's result (0: the start)."""
+  rdir = rounds.round_dir(setup.workdir, r)
+  rdir.mkdir(parents=True, exist_ok=True)
+  model = rounds.load_model(rounds.round_config(config, setup.workdir, r + 1), setup.rt)
+  gen = rounds.generator(model, setup.rt, setup.tokenizer, config, len(requests))
+  results = best_of_n.best_of_n(gen, requests, 1, scorer, weights,
+                                config.sampling.max_new_tokens, SamplingConfig())
+  rewards = [res.candidates[0].reward for res in results]
+  mean = float(np.nanmean(rewards))
+  if processes.is_primary():
+    (rdir / EVAL).write_text(json.dumps({
+        "reward": mean, "answers": [{"prompt": q.prompt, "response": res.response,
+                                     "reward": res.candidates[0].reward}
+                                    for q, res in zip(requests, results)]}, indent=1) + "\n")
+  return mean
+
+
+def _eval_reward(rdir: pathlib.Path) -> float | None:
+  path = rdir / EVAL
+  return json.loads(path.read_text())["reward"] if path.exists() else None
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  check(config)
+  setup = setup_lib.prepare(config, workdir)
+  loop.check_batch_config(config.train, setup.rt)
+  spec = policy.source_spec(config)
+  attributes = (steering.run_attributes(config, spec)
+                if spec.attributes or config.steer_attributes else {})
+  label = template.label_string(attributes) if attributes else ""
+  train, held_out = _requests(config, attributes, "train"), _requests(config, attributes, "eval")
+  scorer = load_scorer(config.scorer, setup.rt)
+  weights = scoring_rewards.weight_vector(config.scorer.weights.to_dict())
+  if not rounds.exists(rounds.round_dir(setup.workdir, 0) / EVAL):
+    evaluate(config, setup, 0, held_out, scorer, weights)
+  status = "finished"
+  for r in range(1, config.iterations + 1):
+    rdir = rounds.round_dir(setup.workdir, r)
+    if rounds.finished(rdir) and rounds.exists(rdir / EVAL):
+      continue
+    if not rounds.finished(rdir):
+      pairs = sample_round(config, setup, r, train, scorer, weights)
+      result = train_round(config, setup, r, pairs, label)
+      if result["status"] != "finished":
+        status = result["status"]
+        break
+    evaluate(config, setup, r, held_out, scorer, weights)
+  rewards = {r: _eval_reward(rounds.round_dir(setup.workdir, r))
+             for r in range(config.iterations + 1)}
+  table = "\n".join(["| iteration | greedy reward |", "|---|---|"] + [
+      f"| {r} | {'-' if v is None else f'{v:.3f}'} |" for r, v in rewards.items()])
+  summary = {"status": status, "iterations": config.iterations, "eval_reward": rewards,
+             "table": table}
+  summary_lib.write_summary(
+      setup.workdir / "summary.json", summary,
+      f"iterative_dpo: {status}; mean reward of greedy answers to {len(held_out)} held-out"
+      f" prompts per iteration (0 = the starting policy):\n{table}")
+  return summary
