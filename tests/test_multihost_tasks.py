@@ -512,6 +512,7 @@ def test_steerlm2_two_processes_write_the_one_process_files(inputs, tmp_path):
   """The groups file (samples, attribute log-probs, both models' log-probs) of two
   processes is the one process's byte for byte; process 1 writes none of it."""
   args = ("--config.scorer.source=fake_scorer:make", "--config.prompts.demo_rows=8",
+          "--config.unconditional.with_label=false",
           "--config.prompts.per_iteration=8", "--config.eval.prompts=2",
           "--config.eval.scores=1,3", "--config.eval.max_new_tokens=8")
   _single(*_iterated("steerlm2", inputs, tmp_path / "single", *args))

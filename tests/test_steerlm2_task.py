@@ -25,6 +25,7 @@ N = 3
 def _config(**overrides):
   config = tiny_policy_config("steerlm2")
   config.scorer.source = "fake_scorer:make"
+  config.unconditional.with_label = False  # the unlabelled pass (the demo skips it)
   config.steer_attributes = "helpfulness,verbosity"
   config.prompts.update(demo_rows=12, per_iteration=4)
   config.sampling.update(responses=N, max_new_tokens=12, batch_prompts=2)

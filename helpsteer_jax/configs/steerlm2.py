@@ -41,8 +41,11 @@ RENAMED = config_base.MODEL_RENAMED
 def _demo(config):
   demo_policy(config, num_steps=40, global_batch=8, micro_batch=8, log_every=5,
               eval_every=0, save_every=20)
-  config.optimizer = optimizer_config(lr=2e-4, schedule="constant", warmup_steps=0,
+  config.optimizer = optimizer_config(lr=3e-5, schedule="constant", warmup_steps=0,
                                       weight_decay=0.0, grad_clip=1.0)
+  config.sampling.responses = 8
+  # The demo has no unconditional model: the AC-SFT policy never saw an unlabelled prompt.
+  config.unconditional.with_label = True
   return config
 
 
