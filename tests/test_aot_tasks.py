@@ -56,7 +56,12 @@ CASES = {
 }
 TASK_MODULES = {"attribute_model": attribute_model, "dpo2d": dpo2d, "rl": rl,
                 "steerlm2": steerlm2, "iterative_dpo": iterative_dpo}
-ROW = {"dpo2d": 2, "iterative_dpo": 2, "steerlm2": 4}  # rows per example (pair, group)
+
+def rows_per_example(task_name, config) -> int:
+  """A pair's two rows, a SteerLM 2.0 group's n, else one."""
+  if task_name == "steerlm2":
+    return config.sampling.responses
+  return 2 if task_name in ("dpo2d", "iterative_dpo") else 1
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -69,7 +74,8 @@ def test_abstract_step_compiles_on_the_cpu_mesh(case):
   state, batch = spec.args[:2]
   assert set(batch) == keys
   seq = config.train.seq_len
-  rows = (1, 8, ROW[task_name], seq) if task_name in ROW else (1, 8, seq)
+  n = rows_per_example(task_name, config)
+  rows = (1, 8, n, seq) if n > 1 else (1, 8, seq)
   assert batch["inputs"].shape == rows
   if task_name == "rl":
     assert batch["at"].shape == (1, 8, 16)
@@ -88,7 +94,7 @@ def test_abstract_step_compiles_on_the_cpu_mesh(case):
     assert base == {}
   compiled = spec.lower().compile()
   assert compiled.memory_analysis() is not None
-  per_row = ROW.get(task_name, 1) * seq
+  per_row = n * seq
   assert spec.tokens_per_step == config.train.global_batch * per_row
   assert spec.num_params > 0 and spec.analytic_flops_per_step > 0
   del state

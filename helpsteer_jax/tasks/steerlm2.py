@@ -174,8 +174,12 @@ class Sampler:
     preds = np.asarray([[cand.scores[a] for a in ATTRIBUTES] for res in results
                         for cand in res.candidates], np.float64)
     requested, mask = _requested(batch, sc.responses, self.names)
-    log_pa = loss_lib.attribute_logprob(np.nan_to_num(preds), requested, mask,
-                                        c.loss.attribute_sigma)
+    unscored = np.isnan(preds)
+    if unscored.any():  # too long for the attribute model: the farthest label it could get
+      logging.warning("steerlm2: %d responses could not be scored; they count as the worst"
+                      " match of their request", int(unscored.any(-1).sum()))
+      preds = np.where(unscored, np.where(requested <= 2, 4.0, 0.0), preds)
+    log_pa = loss_lib.attribute_logprob(preds, requested, mask, c.loss.attribute_sigma)
     groups = [groups_lib.Group(r.conversation.system, r.conversation.turns,
                                template.label_string(r.attributes),
                                tuple(groups_lib.Response(cand.response, 0.0, 0.0, 0.0)
