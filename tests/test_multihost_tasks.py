@@ -503,7 +503,7 @@ def _iterated(task: str, inputs, workdir, *extra: str) -> tuple[str, ...]:
           "--config.sampling.responses=3", "--config.sampling.max_new_tokens=12",
           "--config.sampling.batch_prompts=4", "--config.train.num_steps=2",
           "--config.train.global_batch=8", "--config.train.micro_batch=8",
-          "--config.train.seq_len=96", "--config.train.loss_chunk_size=32",
+          "--config.train.seq_len=160", "--config.train.loss_chunk_size=32",
           "--config.train.export_hf=false", "--config.optimizer.lr=1e-2",
           f"--workdir={workdir}", *extra)
 
@@ -512,7 +512,7 @@ def test_steerlm2_two_processes_write_the_one_process_files(inputs, tmp_path):
   """The groups file (samples, attribute log-probs, both models' log-probs) of two
   processes is the one process's byte for byte; process 1 writes none of it."""
   args = ("--config.scorer.source=fake_scorer:make", "--config.prompts.demo_rows=8",
-          "--config.unconditional.with_label=false",
+          "--config.unconditional.with_label=false", "--config.eval.requests=8",
           "--config.prompts.per_iteration=8", "--config.eval.prompts=2",
           "--config.eval.scores=1,3", "--config.eval.max_new_tokens=8")
   _single(*_iterated("steerlm2", inputs, tmp_path / "single", *args))
@@ -525,7 +525,7 @@ def test_steerlm2_two_processes_write_the_one_process_files(inputs, tmp_path):
 def test_iterative_dpo_two_processes_write_the_one_process_files(inputs, tmp_path):
   args = ("--config.scorer.source=fake_scorer:make_brevity", "--config.prompts.eval_limit=4",
           "--config.prompts.demo_train_prompts=8", "--config.prompts.per_iteration=8",
-          "--config.reference.batch=8")
+          "--config.reference.batch=8", "--config.optimizer.warmup_steps=0")
   _single(*_iterated("iterative_dpo", inputs, tmp_path / "single", *args))
   run, _ = _run_two(tmp_path, *_iterated("iterative_dpo", inputs, tmp_path / "w", *args))
   _assert_same(tmp_path / "single", tmp_path / "w", "iteration_1/samples.jsonl",

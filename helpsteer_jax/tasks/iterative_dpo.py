@@ -163,7 +163,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   attributes = (steering.run_attributes(config, spec)
                 if spec.attributes or config.steer_attributes else {})
   label = template.label_string(attributes) if attributes else ""
-  train, held_out = _requests(config, attributes, "train"), _requests(config, attributes, "eval")
+  train, held_out = (rounds.fitting(_requests(config, attributes, which), setup.tokenizer,
+                                    config, config.sampling.max_new_tokens, f"{which} prompts")
+                     for which in ("train", "eval"))
   scorer = load_scorer(config.scorer, setup.rt)
   weights = scoring_rewards.weight_vector(config.scorer.weights.to_dict())
   if not rounds.exists(rounds.round_dir(setup.workdir, 0) / EVAL):

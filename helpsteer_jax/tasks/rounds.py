@@ -18,10 +18,14 @@ import pathlib
 
 import ml_collections
 import numpy as np
+from absl import logging
 from flax import nnx
 
 from helpsteer_jax import multihost, runtime
+from helpsteer_jax.data import template
+from helpsteer_jax.data.features import tokenize
 from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.generator import Generator, make_engine
 from helpsteer_jax.rl.rollout import prompt_schedule
 from helpsteer_jax.tasks import policy
@@ -87,6 +91,24 @@ def generator(model: nnx.Module, rt: runtime.Runtime, tokenizer, config: ml_coll
                        max_length=config.train.seq_len, pad_id=int(pad),
                        stop_strings=tuple(config.sampling.stop_strings))
   return Generator(engine, add_bos=config.data.add_bos)
+
+
+def fitting(requests: list[steering.Request], tokenizer, config: ml_collections.ConfigDict,
+            max_new_tokens: int, what: str) -> list[steering.Request]:
+  """The requests whose prompt leaves `max_new_tokens` in rows of `train.seq_len`; the
+  others are left out with a warning (the same on every process)."""
+  limit = config.train.seq_len - max_new_tokens
+  kept = [r for r in requests if len(tokenize.tokenize_pieces(
+      [template.Piece(r.prompt_text(), False)], tokenizer, add_bos=config.data.add_bos).ids)
+          <= limit]
+  if len(kept) < len(requests):
+    logging.warning("%s: %d of %d prompts are longer than %d tokens (train.seq_len -"
+                    " max_new_tokens) and are left out", what, len(requests) - len(kept),
+                    len(requests), limit)
+  if not kept:
+    raise ConfigError(f"{what}: no prompt fits in {limit} tokens: raise train.seq_len or"
+                      " lower max_new_tokens")
+  return kept
 
 
 def sampling_seed(seed: int, r: int) -> int:

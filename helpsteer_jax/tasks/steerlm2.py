@@ -24,7 +24,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 from flax import nnx
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec
 
 from helpsteer_jax import processes, runtime, sharding
 from helpsteer_jax.data import template
@@ -106,16 +106,18 @@ def read_requests(config: ml_collections.ConfigDict, names: tuple[str, ...],
   return out[:config.eval.requests] if held_out else out
 
 
-def _nll_fn(model: nnx.Module, chunk: int):
+def _nll_fn(model: nnx.Module, chunk: int, mesh):
   graphdef, state = nnx.split(model)
-  fn = jax.jit(lambda s, b: loss_lib.response_nll(nnx.merge(graphdef, s), b, chunk))
+  # Replicated: every process reads all of it.
+  fn = jax.jit(lambda s, b: loss_lib.response_nll(nnx.merge(graphdef, s), b, chunk),
+               out_shardings=NamedSharding(mesh, PartitionSpec()))
   return functools.partial(fn, state)
 
 
 def group_nll(model: nnx.Module, examples: list[dict], rt: runtime.Runtime, micro: int,
               chunk: int) -> np.ndarray:
   """NLL [G, n] of each example's responses under `model`, `micro` groups per batch."""
-  fn, fields = _nll_fn(model, chunk), STEERLM2_INPUT.names
+  fn, fields = _nll_fn(model, chunk, rt.mesh), STEERLM2_INPUT.names
   shards = sharding.spec_shard_count(sharding.batch_spec(rt.rules), rt.mesh, 0)
   micro = -(-micro // shards) * shards
   layout = NamedSharding(rt.mesh, sharding.batch_spec(rt.rules))
@@ -272,8 +274,11 @@ def evaluate(config, setup, r: int, names, defaults, scorer) -> None:
   swept = sweep_lib.parse_attributes(ec.attributes, tuple(defaults), "eval.attributes")
   grid = sweep_lib.settings(defaults, swept, values)
   texts = demo_rows.heldout_prompts(ec.prompts)
-  prompts = [steering.make_request(t, defaults, config.prompts.system) for t in texts]
-  held_out = read_requests(config, names, defaults, held_out=True)
+  prompts = rounds.fitting([steering.make_request(t, defaults, config.prompts.system)
+                            for t in texts], setup.tokenizer, config, ec.max_new_tokens,
+                           "steering sweep prompts")
+  held_out = rounds.fitting(read_requests(config, names, defaults, held_out=True),
+                            setup.tokenizer, config, ec.max_new_tokens, "held-out requests")
   model = rounds.load_model(rounds.round_config(config, setup.workdir, r + 1), setup.rt)
   gen = rounds.generator(model, setup.rt, setup.tokenizer, config, ec.batch_size)
   adherence.answer(gen, held_out, rdir / REQUEST_ROWS, batch_size=ec.batch_size,
@@ -345,7 +350,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   spec = policy.source_spec(config)
   names = _names(config, spec)
   defaults = steering.run_attributes(config, spec)
-  requests = read_requests(config, names, defaults)
+  requests = rounds.fitting(read_requests(config, names, defaults), setup.tokenizer, config,
+                            config.sampling.max_new_tokens, "steerlm2 training prompts")
   scorer = load_scorer(config.scorer, setup.rt)
   status = "finished"
   if not rounds.exists(rounds.round_dir(setup.workdir, 0) / ADHERENCE):
