@@ -39,7 +39,7 @@ SLOW_FIRST = (
     "test_decode.py", "test_family_tasks.py", "test_rm_hf_tasks.py", "test_aot_tasks.py",
     "test_marker_tokens.py", "test_steerlm_pipeline.py", "test_lora_tasks.py",
     "test_dpo2d_task.py", "test_lora.py", "test_lora_dpo.py", "test_serve.py",
-    "test_rl_task.py")
+    "test_rl_task.py", "test_steerlm2_task.py", "test_iterative_dpo_task.py")
 
 
 def _stack() -> str:
