@@ -137,9 +137,11 @@ class _JoinDeadline:
 def _check_agreement(section: ml_collections.ConfigDict) -> None:
   """Every process must have been started with the same process count.
 
-  Each process reports its count, and all read every report between two
-  barriers before any judges them: process 0 hosts the coordination service,
-  so once it leaves with the error the others could no longer read its report.
+  Each process reports its count, and all read every report before any judges
+  them: process 0 hosts the coordination service, so it waits until every other
+  process has said that it read the reports (its last call to the service)
+  before it may leave with the error. A barrier would not do: process 0 could
+  pass it and exit before another's answer from the barrier reached it.
   """
   client = _client()
   pid, count = jax.process_index(), jax.process_count()
@@ -151,7 +153,14 @@ def _check_agreement(section: ml_collections.ConfigDict) -> None:
     reported = {other: int(client.blocking_key_value_get(f"{_KEY}/num_processes/{other}",
                                                          timeout_ms))
                 for other in range(count) if other != pid}
-    client.wait_at_barrier(f"{_KEY}/num_processes_read", timeout_ms)
+    if pid == 0:
+      for other in range(1, count):
+        client.blocking_key_value_get(f"{_KEY}/num_processes_read/{other}", timeout_ms)
+    else:
+      try:
+        client.key_value_set(f"{_KEY}/num_processes_read/{pid}", "1")
+      except Exception:  # noqa: BLE001 - process 0 may leave before answering; the reports are read
+        pass
   except Exception as e:  # noqa: BLE001 - a timeout: some process never got this far
     raise ConfigError(f"not every process reported within distributed.initialization_timeout="
                       f"{section.initialization_timeout} s ({e}); this process group has {count}"

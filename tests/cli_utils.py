@@ -4,7 +4,15 @@ import os
 import subprocess
 import sys
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, xla_flags
+
+# A tiny AC-SFT model and short run: compile once, a handful of steps.
+TINY_RUN = ("--config.model.hidden_size=64", "--config.model.intermediate_size=128",
+            "--config.model.num_layers=2", "--config.train.seq_len=128",
+            "--config.train.global_batch=8", "--config.train.micro_batch=8",
+            "--config.train.loss_chunk_size=64", "--config.train.log_every=1",
+            "--config.train.eval_every=0", "--config.train.eval_batches=2",
+            "--config.optimizer.warmup_steps=1")
 
 
 def run_main(*args: str, devices: int = 8, timeout: float = 600, env: dict | None = None,
@@ -13,8 +21,7 @@ def run_main(*args: str, devices: int = 8, timeout: float = 600, env: dict | Non
   full_env = dict(os.environ)
   full_env.update({
       "JAX_PLATFORMS": "cpu",
-      "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"
-                   " --xla_backend_optimization_level=0",
+      "XLA_FLAGS": xla_flags(devices),
   })
   full_env.update(env or {})
   proc = subprocess.run([sys.executable, "-m", "helpsteer_jax.main", *args],

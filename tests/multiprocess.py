@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, xla_flags
 
 
 def free_port() -> int:
@@ -43,8 +43,7 @@ class Group:
                module: str = "helpsteer_jax.main"):
     self.port = port or free_port()
     full_env = dict(os.environ, JAX_PLATFORMS="cpu",
-                    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}"
-                              " --xla_backend_optimization_level=0")
+                    XLA_FLAGS=xla_flags(devices))
     full_env.update(env or {})
     self.logs = []  # temporary files, so full pipes never block a process
     self.procs = []

@@ -3,7 +3,10 @@
 The policy is a tiny random model with the demo tokenizer; the attribute
 model a demo-shaped backbone with a random head file. The server is
 `python -m helpsteer_jax.main --config=configs/serve.py` in a subprocess
-(one CPU device, API key `KEY`), its output in `<root>/server.log`.
+(one CPU device, API key `KEY`), its output in `<root>/server.log`. The models are
+built once per test run and the server started once per pytest process (the
+`served_models` and `server` fixtures of tests/conftest.py); a test that stops its
+server starts one of its own (`own_server`).
 """
 
 import json
@@ -16,7 +19,6 @@ import time
 import httpx
 import numpy as np
 import openai
-import pytest
 
 from helpsteer_jax.config_sections import DEMO_SHAPE
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
@@ -24,11 +26,13 @@ from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.models import builder, catalog, hf
 from helpsteer_jax.scoring import reward_model
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, xla_flags
 from multiprocess import free_port
 
 KEY = "test-key"
-MAX_LENGTH = 512
+MAX_LENGTH = 2048  # tokens per row: long enough a generation to go away from, or to stop
+MAX_TOKENS = 1900  # the largest max_tokens a request may ask for
+SCORER_MAX_LEN = 512  # the attribute model's, whose every length bucket warm-up compiles
 
 
 def write_models(root) -> None:
@@ -46,19 +50,10 @@ def write_models(root) -> None:
       "bias": rng.normal(size=len(ATTRIBUTES)).astype(np.float32)})
 
 
-def server_fixture(name: str, *flags: str):
-  """A module-scoped fixture: a `Server` on fresh models in a temporary `name` directory,
-  with `flags` added to its command line."""
-
-  @pytest.fixture(scope="module")
-  def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp(name)
-    write_models(root)
-    s = Server(root, *flags)
-    yield s
-    s.stop()
-
-  return server
+def own_server(models, root, *flags: str) -> "Server":
+  """A server of its own on `models` for a test that stops it: no warm-up (the programs
+  compile on first use), `flags` added to its command line."""
+  return Server(models, root, "--config.serve.warmup=false", *flags)
 
 
 def serve_config():
@@ -67,23 +62,24 @@ def serve_config():
 
 
 class Server:
-  """The server on a free loopback port, started and waited for (up to 10 minutes)."""
+  """The server of `models` (write_models' directory) on a free loopback port, started and
+  waited for (up to 10 minutes); its log and workdir in `root`."""
 
-  def __init__(self, root, *flags: str):
+  def __init__(self, models, root, *flags: str):
+    self.models = models
     self.port = free_port()
     self.base = f"http://127.0.0.1:{self.port}"
     env = dict(os.environ, JAX_PLATFORMS="cpu", HELPSTEER_API_KEY=KEY,
-               XLA_FLAGS="--xla_force_host_platform_device_count=1"
-                         " --xla_backend_optimization_level=0")
+               XLA_FLAGS=xla_flags(1))
     self.log = open(root / "server.log", "w")
     self.proc = subprocess.Popen(
         [sys.executable, "-m", "helpsteer_jax.main", "--config=configs/serve.py",
-         f"--config.init.hf_path={root / 'policy'}", "--config.serve.model_name=tiny",
+         f"--config.init.hf_path={models / 'policy'}", "--config.serve.model_name=tiny",
          f"--config.serve.port={self.port}", f"--config.serve.max_length={MAX_LENGTH}",
-         "--config.serve.max_batch=4", "--config.serve.max_tokens=500",
-         "--config.serve.max_n=3", f"--config.scorer.source={root / 'rm'}",
-         f"--config.scorer.head={root / 'head.npz'}", f"--config.scorer.max_len={MAX_LENGTH}",
-         f"--workdir={root / 'workdir'}", *flags],
+         "--config.serve.max_batch=4", f"--config.serve.max_tokens={MAX_TOKENS}",
+         "--config.serve.max_n=3", f"--config.scorer.source={models / 'rm'}",
+         f"--config.scorer.head={models / 'head.npz'}",
+         f"--config.scorer.max_len={SCORER_MAX_LEN}", f"--workdir={root / 'workdir'}", *flags],
         cwd=REPO_ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, text=True)
     self.root = root
     self._clients: list[openai.OpenAI] = []

@@ -10,6 +10,8 @@ from helpsteer_jax.errors import ConfigError
 
 from cli_utils import run_main
 
+pytestmark = pytest.mark.version_tier  # libtpu's compiler and its JAX
+
 
 @pytest.mark.parametrize("name, generation, shape", [
     ("v5p-128", "v5p", (4, 4, 4)), ("v5p-64", "v5p", (2, 4, 4)), ("v5p-256", "v5p", (4, 4, 8)),
@@ -104,7 +106,6 @@ def test_cost_extrapolation_and_roofline():
   assert hbm_bound["step_seconds"] == hbm_bound["hbm_seconds"] == 3.0
 
 
-@pytest.mark.slow  # three TPU compiles: ~1 min idle, 3+ min on a loaded 2-core machine
 def test_compile_only_acsft_step_for_v5e_2x2(tmp_path):
   proc = run_main("--config=configs/acsft.py", f"--workdir={tmp_path}",
                   "--config.compile_only=True", "--config.compile_topology=v5e:2x2",

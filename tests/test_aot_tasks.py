@@ -64,7 +64,13 @@ def rows_per_example(task_name, config) -> int:
   return 2 if task_name in ("dpo2d", "iterative_dpo") else 1
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+# One case per task kind joins the version tier (the rest are variants of a kind).
+TIER_CASES = ("regression", "dpo2d_on_the_fly", "rl_grpo", "steerlm2", "iterative_dpo")
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(case, marks=pytest.mark.version_tier) if case in TIER_CASES else case
+    for case in sorted(CASES)])
 def test_abstract_step_compiles_on_the_cpu_mesh(case):
   task_name, overrides, keys = CASES[case]
   task = TASK_MODULES[task_name]
@@ -132,7 +138,7 @@ def test_rl_step_counts_the_iteration_s_arrays(overrides, held):
   assert set(spec.resident_bytes) == {"engine_weights", "kv_cache"} | held - {"engine"}
 
 
-@pytest.mark.slow  # one TPU compile of a 1-layer model, ~20 s idle
+@pytest.mark.version_tier  # libtpu's compiler and its JAX
 def test_dpo2d_on_the_fly_compiles_for_v5e(tmp_path):
   config = tiny("dpo2d", **{"reference.mode": "on_the_fly"})
   topology = aot.parse_topology("v5e:2x2")

@@ -18,6 +18,8 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import attention
 from helpsteer_jax.models.config import ModelConfig
 
+pytestmark = pytest.mark.version_tier
+
 
 def _inputs(b=2, t=128, h=4, k=2, d=32):
   rng = np.random.RandomState(0)

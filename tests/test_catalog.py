@@ -7,6 +7,8 @@ from flax import nnx
 
 from helpsteer_jax.models import builder, catalog, families
 
+pytestmark = pytest.mark.version_tier
+
 # Published totals (model cards / HF safetensors metadata), in parameters, as
 # given: the count must round to them (half a unit of the last digit).
 PUBLISHED = {

@@ -13,7 +13,6 @@ import jinja2.sandbox
 import ml_collections
 import pytest
 import transformers
-from test_acsft_cli import _SHORT
 
 from helpsteer_jax.data import chat_template, template
 from helpsteer_jax.data.demo import rows as demo_rows
@@ -25,7 +24,7 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import loading, steering
 from helpsteer_jax.models import builder, catalog, hf
 
-from cli_utils import run_main
+from cli_utils import TINY_RUN, run_main
 
 SPECS = {
     "all": chat_template.SteerSpec.nemo(ATTRIBUTES),
@@ -324,7 +323,7 @@ def test_acsft_export_carries_the_template_and_generate_uses_it(tmp_path):
   """End to end: the demo AC-SFT run (HelpSteer's five attributes) exports its
   template and section; `generate` on the export asks for those five."""
   work = tmp_path / "acsft"
-  run_main("--config=configs/acsft.py", f"--workdir={work}", *_SHORT,
+  run_main("--config=configs/acsft.py", f"--workdir={work}", *TINY_RUN,
            "--config.train.num_steps=2", "--config.train.save_every=2",
            "--config.data.demo_train_rows=32", "--config.data.demo_validation_rows=8")
   export = work / "hf"

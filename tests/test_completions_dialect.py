@@ -3,8 +3,8 @@ behaviour where OpenAI's is silent): prompt forms, echo, logprobs, max_tokens=0.
 
 References: the tokenizer itself (a string prompt's ids), the model loaded in this
 process (a NumPy log_softmax of its full forward's logits), single-prompt requests
-(a batch's choices) and the official `openai` client. One server (tiny random fp32
-model, demo tokenizer) serves every test.
+(a batch's choices) and the official `openai` client. The session's server (tiny random
+fp32 model, demo tokenizer; tests/conftest.py) serves every test.
 """
 
 import collections
@@ -15,18 +15,16 @@ import pytest
 
 from helpsteer_jax.models import hf
 
-from serve_utils import MAX_LENGTH, server_fixture
+from serve_utils import MAX_LENGTH
 
 PROMPT = "Once upon a time"
-
-server = server_fixture("completions")
 
 
 @pytest.fixture(scope="module")
 def reference(server):
   """The policy's tokenizer and its NumPy log-probabilities of a token sequence."""
-  tokenizer = hf.load_tokenizer(str(server.root / "policy"))
-  model = hf.load_hf_model(server.root / "policy")
+  tokenizer = hf.load_tokenizer(str(server.models / "policy"))
+  model = hf.load_hf_model(server.models / "policy")
 
   def logprobs(ids: list[int]) -> np.ndarray:
     """[len(ids), vocab]: row p is the distribution of token p + 1."""
@@ -157,7 +155,7 @@ def test_echo_streams_the_prompt_first(server):
     ({"prompt": [[1], [-1]]}, "prompt", "prompt[1]: token id -1"),
     ({"prompt": [1, "a"]}, "prompt", "give a string, a list of strings"),
     ({"prompt": 7}, "prompt", "not int"),
-    ({"prompt": "x" * 3 * MAX_LENGTH}, "prompt", "context length is 512"),
+    ({"prompt": "x" * 3 * MAX_LENGTH}, "prompt", f"context length is {MAX_LENGTH}"),
     ({"max_tokens": 0}, "max_tokens", "give echo=true"),
     ({"max_tokens": -1, "echo": True}, "max_tokens", "greater than or equal to 0"),
     ({"logprobs": 21}, "logprobs", "less than or equal to 20"),

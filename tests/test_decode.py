@@ -19,6 +19,8 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference.engine import DecodeRequest, Engine
 from helpsteer_jax.models import builder, catalog, families, hf
 
+pytestmark = pytest.mark.version_tier
+
 PROMPTS = [[1, 17, 99, 4, 250, 33, 7], [1, 5], [1, 200, 201, 202, 9, 8, 7, 6, 5, 4, 3, 120]]
 
 

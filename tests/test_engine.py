@@ -22,6 +22,8 @@ from helpsteer_jax.inference import sampling as sampling_lib
 from helpsteer_jax.models import builder, catalog, hf
 from helpsteer_jax.serve.backend import CompileCounter
 
+pytestmark = pytest.mark.version_tier
+
 PROMPTS = [("What is 2 plus 3?", 2), ("Name a colour", 4),
            ("Tell me a long story about dragons, castles and a very old wizard", 0), ("hi", 1)]
 

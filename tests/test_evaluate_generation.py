@@ -30,7 +30,6 @@ from helpsteer_jax.tasks import evaluate_generation, generate
 
 from conftest import REPO_ROOT
 from multiprocess import free_port
-from serve_utils import write_models
 
 SHARED_MT_BENCH = REPO_ROOT.parent / "shared" / "data" / "mt_bench"
 
@@ -43,14 +42,16 @@ def judge():
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def models(served_models, tmp_path_factory):
+  """The serve tests' policy and, beside it, an attribute model as an HF reward directory
+  (the demo shape, a random head)."""
   root = tmp_path_factory.mktemp("models")
-  write_models(root)
-  # An attribute model as an HF reward directory: the demo shape, a random head.
+  (root / "policy").symlink_to(served_models / "policy")
   model = reward_model(catalog.model_config("tiny", **DEMO_SHAPE), seed=1)
   kernel = model.head.kernel
   kernel[...] = np.random.default_rng(0).normal(size=kernel[...].shape).astype(np.float32)
-  reward_hf.save_reward_hf(model, root / "rm_hf", dtype="float32", tokenizer=str(root / "tok"))
+  reward_hf.save_reward_hf(model, root / "rm_hf", dtype="float32",
+                           tokenizer=str(served_models / "tok"))
   return root
 
 

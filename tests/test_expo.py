@@ -28,6 +28,8 @@ from helpsteer_jax.tasks import expo, expo_sources
 
 from conftest import REPO_ROOT
 
+pytestmark = pytest.mark.version_tier
+
 SPEC = chat_template.SteerSpec(("helpfulness", "verbosity"), {"helpfulness": 4, "verbosity": 2})
 
 

@@ -23,7 +23,8 @@ def _largest_file(directory):
   return max((p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
 
 
-@pytest.mark.parametrize("damage", ["truncate", "remove"])
+@pytest.mark.parametrize("damage", [pytest.param("truncate", marks=pytest.mark.version_tier),
+                                    "remove"])
 def test_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, damage, caplog):
   features = synthetic_features(32)
   config = tiny_config(num_steps=4, save_every=2, async_checkpoint=False)
@@ -52,6 +53,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous(tmp_path, damage, 
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "4"]
 
 
+@pytest.mark.version_tier
 def test_checkpoint_of_another_model_is_a_config_error_not_skipped(tmp_path):
   features = synthetic_features(16)
   trainer = make_trainer(tiny_config(num_steps=3, save_every=2), tmp_path, features)
@@ -94,6 +96,7 @@ def _poison(features, every):
   return out
 
 
+@pytest.mark.version_tier
 def test_nonfinite_updates_are_skipped_and_counted(tmp_path):
   features = _poison(synthetic_features(64), every=9)
   config = tiny_config(num_steps=6, micro_batch=8, max_consecutive_nonfinite=6)
@@ -124,6 +127,7 @@ def test_a_run_of_nonfinite_losses_aborts_naming_steps_and_batches(tmp_path):
     np.testing.assert_array_equal(a, b)  # no update was applied
 
 
+@pytest.mark.version_tier
 def test_a_disk_too_full_for_a_checkpoint_fails_before_compiling(tmp_path, monkeypatch):
   import collections
   import shutil

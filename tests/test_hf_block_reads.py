@@ -12,6 +12,8 @@ from helpsteer_jax import sharding
 from helpsteer_jax.models import catalog, hf
 from helpsteer_jax.models import safetensors_io as st
 
+pytestmark = pytest.mark.version_tier
+
 CFG = catalog.model_config("tiny", attention_bias=True, tie_word_embeddings=False)
 
 

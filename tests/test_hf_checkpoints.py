@@ -27,6 +27,8 @@ from helpsteer_jax.models import safetensors_io as st
 from helpsteer_jax.models.config import RopeScaling
 from helpsteer_jax.models.rope import inverse_frequencies
 
+pytestmark = pytest.mark.version_tier
+
 P = jax.sharding.PartitionSpec
 ATOL = 1e-4
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,

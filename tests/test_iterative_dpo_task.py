@@ -37,7 +37,6 @@ def _lines(path):
   return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.mark.one_stack("3.12", reason="the rounds' logic; 3.11 runs SteerLM 2.0's")
 def test_rounds_pair_best_and_worst_train_dpo_and_resume_to_the_same_files(tmp_path):
   full = tmp_path / "full"
   summary = task.run(_config(), str(full))

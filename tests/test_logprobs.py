@@ -7,6 +7,8 @@ import pytest
 
 from helpsteer_jax.losses import logprobs
 
+pytestmark = pytest.mark.version_tier
+
 
 def _inputs(b=2, t=32, d=16, v=50, seed=0):
   k = jax.random.split(jax.random.key(seed), 4)

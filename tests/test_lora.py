@@ -21,6 +21,8 @@ from helpsteer_jax import sharding
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import builder, hf, lora, peft_adapters
 
+pytestmark = pytest.mark.version_tier
+
 ATOL = 1e-4
 MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

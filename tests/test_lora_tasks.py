@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch_reference
 import transformers
-from task_configs import TINY_SHAPE, short_config
 from torch_reference import needs_peft, peft
 
 from helpsteer_jax import runtime
@@ -24,6 +23,8 @@ from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.models import builder, catalog, hf
 from helpsteer_jax.tasks import acsft, attribute_model, generate
+
+from task_configs import TINY_SHAPE, short_config
 
 ATOL = 1e-4
 

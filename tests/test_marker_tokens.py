@@ -11,7 +11,6 @@ import jax
 import numpy as np
 import pytest
 import transformers
-from test_acsft_cli import _SHORT
 from torch_reference import needs_torch, torch
 
 from helpsteer_jax import sharding
@@ -20,7 +19,7 @@ from helpsteer_jax.data.demo import rows as demo_rows
 from helpsteer_jax.inference import generator
 from helpsteer_jax.models import builder, catalog, hf
 
-from cli_utils import run_main
+from cli_utils import TINY_RUN, run_main
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +97,7 @@ def test_added_rows_are_initialised_as_transformers_resizes(tmp_path):
 
 
 def _acsft(tokenizer_dir, vocab, workdir, steps):
-  return run_main("--config=configs/acsft.py", f"--workdir={workdir}", *_SHORT,
+  return run_main("--config=configs/acsft.py", f"--workdir={workdir}", *TINY_RUN,
                   f"--config.tokenizer={tokenizer_dir}", f"--config.model.vocab_size={vocab}",
                   f"--config.train.num_steps={steps}", "--config.train.save_every=1",
                   "--config.train.export_dtype=float32",

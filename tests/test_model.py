@@ -60,6 +60,7 @@ def _reference_attention(q, k, v, seg, window=None, softcap=None, scale=None):
   return jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(scores, -1), v)
 
 
+@pytest.mark.version_tier
 @pytest.mark.parametrize("impl,block,window,softcap", [
     ("xla", 0, None, None), ("blockwise", 16, None, None), ("blockwise", 48, None, None),
     ("blockwise", 20, None, None), ("xla", 0, 7, 2.0), ("blockwise", 16, 7, 2.0),
@@ -89,6 +90,7 @@ def test_attention_kernels_match_reference_forward_and_gradient(impl, block, win
     np.testing.assert_allclose(a, b, atol=2e-4, rtol=1e-4)
 
 
+@pytest.mark.version_tier
 @pytest.mark.parametrize("new_tokens,window", [(1, None), (3, None), (1, 4), (3, 5)])
 def test_cached_attention_equals_reference_on_heads_first_cache(new_tokens, window):
   """Decode attention over a [B, K, S, D] cache: left padding, filled slots
@@ -117,6 +119,7 @@ def test_cached_attention_equals_reference_on_heads_first_cache(new_tokens, wind
   np.testing.assert_allclose(ours, ref, atol=1e-5)
 
 
+@pytest.mark.version_tier
 @pytest.mark.parametrize("family", [None, GEMMA2], ids=["llama", "gemma2"])
 def test_packed_segments_equal_separate_sequences(family):
   """Packed rows (segments of 20 tokens; Gemma 2's window is 6) equal each
@@ -133,6 +136,7 @@ def test_packed_segments_equal_separate_sequences(family):
   np.testing.assert_allclose(packed[1, 8:], alone[0], atol=1e-5)
 
 
+@pytest.mark.version_tier
 @pytest.mark.parametrize("family,changes", [
     (None, dict(scan_layers=False)),
     (None, dict(remat_policy="full")),
@@ -160,6 +164,7 @@ def test_execution_knobs_do_not_change_results(family, changes):
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.version_tier
 def test_blockwise_window_skips_key_blocks():
   """A 16-token window: each 16-query block reads 31 keys instead of all up
   to its end, so the compiled kernel does well under half the FLOPs."""
@@ -174,6 +179,7 @@ def test_blockwise_window_skips_key_blocks():
   assert flops(16) < 0.4 * flops(None)
 
 
+@pytest.mark.version_tier
 def test_bf16_compute_with_fp32_master_weights():
   model = _model(dtype="bfloat16", param_dtype="float32")
   tokens, pos, seg = _packed_inputs()
@@ -188,6 +194,7 @@ def test_bf16_compute_with_fp32_master_weights():
   assert err < 0.1 * jnp.max(jnp.abs(ref)), err
 
 
+@pytest.mark.version_tier
 def test_forward_under_mesh_constrains_activations():
   mesh = sharding.make_mesh((2, 2, 2))
   model = _model(attention_impl="blockwise", attention_block_size=16)
@@ -209,6 +216,7 @@ def test_forward_under_mesh_constrains_activations():
   np.testing.assert_allclose(out, expected, atol=1e-5)
 
 
+@pytest.mark.version_tier
 @pytest.mark.parametrize("mesh_shape", [(2, 4, 1), (1, 4, 2)])
 def test_embedding_keeps_its_table_sharded(mesh_shape):
   """The lookup gathers token ids, not the table (whose gradient would then be
@@ -239,6 +247,7 @@ def test_embedding_keeps_its_table_sharded(mesh_shape):
   assert not [g for g in gathers if f"f32[{vocab}," in g or f"bf16[{vocab}," in g], gathers
 
 
+@pytest.mark.version_tier
 @pytest.mark.parametrize("length", [48, 44])
 def test_chunked_logits_equal_one_matmul(length):
   model = _model(logits_chunk_size=16)
@@ -250,6 +259,7 @@ def test_chunked_logits_equal_one_matmul(length):
   np.testing.assert_allclose(chunked, whole, atol=1e-5)
 
 
+@pytest.mark.version_tier
 def test_named_scopes_in_compiled_program():
   """Profiles read by block: the compiled forward + backward's op names carry
   the embedding, layer, norm, attention (kernel), MLP and head scopes."""

@@ -16,6 +16,8 @@ from torch_reference import needs_torch, torch
 from helpsteer_jax.models import hf
 from helpsteer_jax.models.swiglu import gated_mlp, swiglu
 
+pytestmark = pytest.mark.version_tier
+
 
 def _plain(x, wg, wu, wd, activation="silu"):
   act = jax.nn.silu if activation == "silu" else lambda g: jax.nn.gelu(g, approximate=True)

@@ -1,4 +1,5 @@
-"""Two processes (4 CPU devices each, gloo collectives) train like one with 8.
+"""Two processes (4 CPU devices each, gloo collectives) train like one with 8, and
+launch flags that cannot form a group fail saying what to fix.
 
 Both runs build the same (data=2, fsdp=2, tensor=2) mesh and see the same
 global batches. In the two-process run the mesh spans both processes, each
@@ -8,15 +9,13 @@ together, and only process 0 logs metrics and draws the progress bar.
 
 import json
 import re
+import time
 
 import numpy as np
 import pytest
 
-from helpsteer_jax.data.demo import rows as demo
-from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
-
 from cli_utils import run_main
-from multiprocess import run_group
+from multiprocess import Group, free_port, run_group
 
 _RUN = ("--config=configs/acsft.py", "--config.model.hidden_size=64",
         "--config.model.intermediate_size=128", "--config.model.num_layers=2",
@@ -29,19 +28,6 @@ _RUN = ("--config=configs/acsft.py", "--config.model.hidden_size=64",
         "--config.mesh.fsdp=2", "--config.mesh.tensor=2")
 
 
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory):
-  root = tmp_path_factory.mktemp("multihost")
-  data = root / "data"
-  data.mkdir()
-  for split, n, seed in (("train", 48, 5), ("validation", 16, 6)):
-    (data / f"{split}.jsonl").write_text(
-        "\n".join(json.dumps(r) for r in demo.demo_rows(n, seed=seed)) + "\n")
-  tokenizer = demo_tokenizer.build_demo_tokenizer(root / "tokenizer")
-  return (f"--config.data.train_path={data}", f"--config.data.validation_path={data}",
-          f"--config.tokenizer={tokenizer}")
-
-
 def _losses(workdir):
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   train = {r["step"]: r["loss"] for r in rows if "loss" in r}
@@ -50,12 +36,13 @@ def _losses(workdir):
 
 
 @pytest.mark.multihost  # three CLI runs (about 1 min on an idle 2-core machine)
-def test_two_processes_match_one_process(inputs, tmp_path):
+@pytest.mark.version_tier  # the multi-process smoke test: jax.distributed, gloo, Orbax
+def test_two_processes_match_one_process(training_inputs, tmp_path):
   single = tmp_path / "single"
-  run_main(*_RUN, *inputs, f"--workdir={single}", devices=8)
+  run_main(*_RUN, *training_inputs, f"--workdir={single}", devices=8)
 
   multi = tmp_path / "multi"
-  outs = [(r.stdout, r.stderr) for r in run_group(*_RUN, *inputs, f"--workdir={multi}")]
+  outs = [(r.stdout, r.stderr) for r in run_group(*_RUN, *training_inputs, f"--workdir={multi}")]
   assert "process 0 of 2" in outs[0][1] and "8 global devices" in outs[0][1]
 
   single_train, single_eval = _losses(single)
@@ -76,3 +63,36 @@ def test_two_processes_match_one_process(inputs, tmp_path):
   # Process 1 neither draws a progress bar nor prints the summary.
   assert not re.search(r"s/step|step/s", outs[1][1])
   assert "acsft: finished at step 3" in outs[0][0] and "acsft:" not in outs[1][0]
+
+
+@pytest.mark.multihost
+def test_bad_launch_flags_fail_with_what_to_fix_within_the_timeout(tmp_path):
+  smoke = ("--config=configs/model_smoke.py", f"--workdir={tmp_path}")
+  port = free_port()
+
+  def flags(n, i, timeout=60):
+    return (f"--config.distributed.coordinator_address=localhost:{port}",
+            f"--config.distributed.num_processes={n}", f"--config.distributed.process_id={i}",
+            f"--config.distributed.initialization_timeout={timeout}")
+
+  out_of_range = run_main(*smoke, *flags(2, 2), check=False, devices=4)
+  assert out_of_range.returncode == 2
+  assert "process_id=2 is out of range for distributed.num_processes=2" in out_of_range.stderr
+
+  start = time.monotonic()  # nobody listens on the coordinator's port
+  unreachable = run_main(*smoke, *flags(2, 1, timeout=8), check=False, devices=4)
+  assert unreachable.returncode == 2 and time.monotonic() - start < 40
+  assert unreachable.stderr.strip().splitlines()[-1].startswith(
+      f"error: could not join the process group at localhost:{port} as process 1 of 2 within"
+      " distributed.initialization_timeout=8 s")
+
+  start = time.monotonic()
+  group = Group(*smoke, n=2, distributed=[flags(2, 0), flags(3, 1)])
+  results = group.wait(timeout=120)
+  for r in results:
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines()[-1].endswith(
+        "start every process with the same distributed.num_processes")
+  assert "(id 1) was started with distributed.num_processes=3 but process 0 was started with 2" \
+      in results[1].stderr
+  assert time.monotonic() - start < 60

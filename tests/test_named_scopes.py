@@ -6,6 +6,8 @@ from test_aot_tasks import tiny
 from helpsteer_jax import runtime
 from helpsteer_jax.tasks import acsft, attribute_model, dpo2d
 
+pytestmark = pytest.mark.version_tier
+
 CASES = {
     "acsft": (acsft, {}, ("sft_loss", "fused_nll", "fused_nll_bwd")),
     "regression": (attribute_model, {}, ("regression_loss",)),

@@ -9,6 +9,8 @@ from helpsteer_jax import config_sections
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.train import optim
 
+pytestmark = pytest.mark.version_tier
+
 
 def _nemo_cosine_annealing(step, max_steps, lr, min_lr, warmup, constant):
   """NeMo core/optim/lr_scheduler.py CosineAnnealing (+ its warmup), step 0-based.

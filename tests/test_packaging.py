@@ -115,8 +115,7 @@ def _copy_tree(dst: pathlib.Path) -> pathlib.Path:
 
 
 @pytest.mark.slow  # a venv and the core dependencies (from pip's cache when warm), ~2-4 min
-@pytest.mark.one_stack("3.12", reason=(
-    "where pip resolves the newest core dependencies a new user gets"))
+@pytest.mark.version_tier  # what pip resolves for a new user, and it runs there
 def test_a_fresh_venv_with_only_the_core_dependencies_trains_the_default(tmp_path):
   """`pip install .` into a new venv, then the console command trains the default AC-SFT
   from outside the checkout; nothing from the extras is installed and stderr has no error.

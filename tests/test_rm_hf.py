@@ -26,6 +26,8 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import builder, hf, reward_hf
 from helpsteer_jax.models.reward import reward_model
 
+pytestmark = pytest.mark.version_tier
+
 ATOL = 1e-4
 PAD = 0
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

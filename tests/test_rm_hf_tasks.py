@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import transformers
 from safetensors.numpy import load_file
-from task_configs import TINY_SHAPE, short_config
 from torch_reference import needs_torch, torch
 
 from helpsteer_jax import runtime
@@ -22,6 +21,7 @@ from helpsteer_jax.scoring.model import ModelScorer
 from helpsteer_jax.tasks import annotate, attribute_model, evaluate_rm, export_rm
 
 from cli_utils import run_main
+from task_configs import TINY_SHAPE, short_config
 
 SHAPE = TINY_SHAPE
 
@@ -31,13 +31,10 @@ def config(task, **sections):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  """An attribute-model run (regression, bias-free head) with its end-of-training export."""
-  workdir = tmp_path_factory.mktemp("attribute_model")
-  cfg = config("attribute_model")
-  summary = attribute_model.run(cfg, str(workdir))
-  assert summary["status"] == "finished"
-  return workdir
+def trained(attribute_model_run):
+  """The session's attribute-model run (regression, bias-free head) with its
+  end-of-training export."""
+  return attribute_model_run
 
 
 def _tensors(directory):

@@ -7,7 +7,6 @@ import runpy
 
 import numpy as np
 import pytest
-from task_configs import short_config
 
 from helpsteer_jax import runtime
 from helpsteer_jax.data.demo import rows as demo_rows
@@ -24,17 +23,15 @@ from helpsteer_jax.scoring.model import ModelScorer
 from helpsteer_jax.tasks import attribute_model, evaluate_rm
 
 from conftest import REPO_ROOT
+from task_configs import short_config
 
 HELPFULNESS = ATTRIBUTES.index("helpfulness")
 
 
 @pytest.fixture(scope="module")
-def regression(tmp_path_factory):
-  """A regression attribute-model run with its HF export."""
-  workdir = tmp_path_factory.mktemp("regression")
-  assert attribute_model.run(short_config("attribute_model", export=True),
-                             str(workdir))["status"] == "finished"
-  return workdir
+def regression(attribute_model_run):
+  """The session's regression attribute-model run with its HF export."""
+  return attribute_model_run
 
 
 def test_demo_scaled_bt_preset_starts_from_the_demo_regression_run():

@@ -4,9 +4,9 @@ References: the official `openai` client (request and response shapes,
 errors as its exception types), raw HTTP through httpx for what the client
 hides (the SSE stream's `data: [DONE]`, malformed JSON), configs/generate.py's
 output for greedy text, data/template.py for the rendered prompt, and the
-annotate path (scoring.load.load_scorer in this process) for rewards. One server
-(tiny random model, demo tokenizer, one device) serves every test; the last
-one stops it with SIGTERM.
+annotate path (scoring.load.load_scorer in this process) for rewards. The session's
+server (tiny random model, demo tokenizer, one device; tests/conftest.py) serves every
+test but the SIGTERM one, which starts a server of its own.
 """
 
 import json
@@ -34,12 +34,9 @@ from helpsteer_jax.tasks import setup as setup_lib
 
 from cli_utils import run_main
 from conftest import REPO_ROOT
-from serve_utils import KEY, MAX_LENGTH, serve_config, server_fixture
+from serve_utils import KEY, MAX_LENGTH, MAX_TOKENS, SCORER_MAX_LEN, own_server, serve_config
 
 QUESTION = "What is 2 plus 3?"
-
-
-server = server_fixture("serve")
 
 
 def _chat(client, content=QUESTION, **kw):
@@ -50,7 +47,7 @@ def _chat(client, content=QUESTION, **kw):
 def test_models_chat_and_steering(server):
   client = server.client()
   assert [m.id for m in client.models.list().data] == ["tiny"]
-  tokenizer = hf.load_tokenizer(str(server.root / "policy"))
+  tokenizer = hf.load_tokenizer(str(server.models / "policy"))
 
   def prompt_tokens(conv, attributes):
     text = template.generation_prompt(conv, {**steering.run_attributes(serve_config()),
@@ -93,7 +90,7 @@ def test_greedy_chat_equals_the_generate_task(server, tmp_path):
               ("Tell me about castles", {})]
   (tmp_path / "in.jsonl").write_text("".join(
       json.dumps({"prompt": p, "attributes": a}) + "\n" for p, a in requests))
-  run_main("--config=configs/generate.py", f"--config.init.hf_path={server.root / 'policy'}",
+  run_main("--config=configs/generate.py", f"--config.init.hf_path={server.models / 'policy'}",
            f"--config.input={tmp_path / 'in.jsonl'}", "--config.max_new_tokens=24",
            f"--config.max_length={MAX_LENGTH}", f"--workdir={tmp_path}", devices=1)
   rows = [json.loads(line) for line in (tmp_path / "generations.jsonl").read_text().splitlines()]
@@ -163,12 +160,13 @@ def test_completions_n_seed_and_streaming(server):
      "attributes", "not both"),
     ({"model": "gpt-4"}, "model", "does not exist"),
     ({"n": 4}, "n", "limit 3"),
-    ({"max_tokens": 501}, "max_tokens", "limit 500"),
+    ({"max_tokens": MAX_TOKENS + 1}, "max_tokens", f"limit {MAX_TOKENS}"),
     ({"max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
     ({"temperature": 3}, "temperature", "less than or equal to 2"),
-    ({"messages": [{"role": "user", "content": "word " * 600}]}, "messages",
-     "context length is 512"),
-    ({"max_tokens": 480}, "max_tokens", "context length 512"),
+    ({"messages": [{"role": "user", "content": "word " * (MAX_LENGTH + 100)}]}, "messages",
+     f"context length is {MAX_LENGTH}"),
+    ({"messages": [{"role": "user", "content": "word " * (MAX_LENGTH - MAX_TOKENS)}],
+      "max_tokens": MAX_TOKENS}, "max_tokens", f"context length {MAX_LENGTH}"),
     ({"messages": [{"role": "assistant", "content": "hi"}]}, "messages", "the user's"),
     ({"messages": []}, "messages", "at least 1"),
     ({"logit_bias": {"1": 2}}, "logit_bias", "unrecognized request argument"),
@@ -234,14 +232,14 @@ def _annotate_config(server):
   import runpy
   config = runpy.run_path(str(REPO_ROOT / "configs" / "annotate.py"))["get_config"]()
   config.unlock()
-  config.scorer.source = str(server.root / "rm")
-  config.scorer.head = str(server.root / "head.npz")
-  config.scorer.max_len = MAX_LENGTH
+  config.scorer.source = str(server.models / "rm")
+  config.scorer.head = str(server.models / "head.npz")
+  config.scorer.max_len = SCORER_MAX_LEN
   config.data.max_rows = 6
   return config
 
 
-def test_rewards_match_annotate_scoring_and_the_http_scorer(server):
+def test_rewards_match_annotate_scoring_and_the_http_scorer(server, tmp_path):
   items = [([{"role": "user", "content": QUESTION}], "It is 5."),
            ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
              {"role": "assistant", "content": "hello"}, {"role": "user", "content": "bye"}],
@@ -253,7 +251,7 @@ def test_rewards_match_annotate_scoring_and_the_http_scorer(server):
   got = np.asarray([[row["attributes"][n] for n in ATTRIBUTES] for row in data])
   # The annotate path in this process, on the same attribute model.
   config = _annotate_config(server)
-  setup = setup_lib.prepare(config, server.root / "ref", tokenizer=False, model=False)
+  setup = setup_lib.prepare(config, tmp_path / "ref", tokenizer=False, model=False)
   scorer = load_scorer(config.scorer, setup.rt)
   from helpsteer_jax.serve import protocol
   convs = [protocol.scored_conversation([protocol.Message(**x) for x in m], r)
@@ -304,31 +302,35 @@ def test_annotate_through_the_server_equals_annotate_in_process(server, tmp_path
     annotate.run(config, str(tmp_path / "bad"))
 
 
-def test_sigterm_drains_in_flight_requests_and_exits_0(server):
-  client = server.client()
-  result, streaming = {}, threading.Event()
+def test_sigterm_drains_in_flight_requests_and_exits_0(served_models, tmp_path):
+  server = own_server(served_models, tmp_path)
+  try:
+    client = server.client()
+    result, streaming = {}, threading.Event()
 
-  def ask():
-    # Streamed, so that the signal provably lands after the rows started.
-    stream = _chat(client, max_tokens=300, temperature=0, n=3, stream=True,
-                   stream_options={"include_usage": True})
-    finished = {}
-    for chunk in stream:
-      streaming.set()
-      for c in chunk.choices:
-        if c.finish_reason:
-          finished[c.index] = c.finish_reason
-      result["usage"] = chunk.usage or result.get("usage")
-    result["finished"] = finished
+    def ask():
+      # Streamed, so that the signal provably lands after the rows started.
+      stream = _chat(client, max_tokens=300, temperature=0, n=3, stream=True,
+                     stream_options={"include_usage": True})
+      finished = {}
+      for chunk in stream:
+        streaming.set()
+        for c in chunk.choices:
+          if c.finish_reason:
+            finished[c.index] = c.finish_reason
+        result["usage"] = chunk.usage or result.get("usage")
+      result["finished"] = finished
 
-  thread = threading.Thread(target=ask)
-  thread.start()
-  assert streaming.wait(60)
-  server.proc.send_signal(signal.SIGTERM)
-  thread.join(120)
-  assert sorted(result["finished"]) == [0, 1, 2]
-  assert result["usage"].completion_tokens >= 3
-  assert server.proc.wait(120) == 0, server.output()
-  assert "serve: stopped after" in server.output()
-  with pytest.raises(httpx.TransportError):
-    server.stats()
+    thread = threading.Thread(target=ask)
+    thread.start()
+    assert streaming.wait(60)
+    server.proc.send_signal(signal.SIGTERM)
+    thread.join(120)
+    assert sorted(result["finished"]) == [0, 1, 2]
+    assert result["usage"].completion_tokens >= 3
+    assert server.proc.wait(120) == 0, server.output()
+    assert "serve: stopped after" in server.output()
+    with pytest.raises(httpx.TransportError):
+      server.stats()
+  finally:
+    server.stop()

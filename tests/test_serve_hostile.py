@@ -3,9 +3,9 @@
 Raw HTTP through httpx on one keep-alive connection (what a client's next
 request rides on after an error), the `openai` client where its exception
 types are the reference, real signals, and hypothesis for bodies no one
-wrote by hand. One server (tiny random model, one device, `drain_seconds=0`
-so that a SIGTERM ends what is in flight at once; rows of 2,048 tokens) serves every test; the
-last one stops it.
+wrote by hand. The session's server (tiny random model, one device, rows of 2,048
+tokens; tests/conftest.py) serves every test but the last, which starts one of its own
+with `drain_seconds=0` (a SIGTERM ends what is in flight at once) and stops it.
 """
 
 import json
@@ -23,11 +23,9 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.serve import guard
 from helpsteer_jax.tasks import serve as serve_task
 
-from serve_utils import KEY, serve_config, server_fixture
+from serve_utils import KEY, MAX_LENGTH, MAX_TOKENS, own_server, serve_config
 
-LONG = 1900  # tokens: long enough a generation to go away from, or to stop, in the middle
-server = server_fixture("serve_hostile", "--config.serve.drain_seconds=0",
-                        "--config.serve.max_length=2048", f"--config.serve.max_tokens={LONG}")
+LONG = MAX_TOKENS  # tokens: long enough a generation to go away from, or to stop, in the middle
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 2}
 ITEM = {"messages": [{"role": "user", "content": "Hi."}], "response": "Hello."}
@@ -93,7 +91,7 @@ def test_finite_weights_whose_reward_overflows_get_400(http):
 
 
 def test_size_limit_content_type_host_and_bearer(server, http):
-  limit = serve_task.request_bytes(0, 2048)
+  limit = serve_task.request_bytes(0, MAX_LENGTH)
   assert limit == 1 << 20
   big = json.dumps({**CHAT, "messages": [{"role": "user", "content": "x" * limit}]})
   assert _error(http.post("/v1/chat/completions", content=big), 413)["code"] == (
@@ -251,7 +249,15 @@ def test_serving_beyond_loopback_needs_a_key_or_a_flag(monkeypatch):
       "::1", "localhost", "::1", "a.b"]
 
 
-def test_sigterm_past_the_drain_time_ends_every_request_with_an_error(server):
+def test_sigterm_past_the_drain_time_ends_every_request_with_an_error(served_models, tmp_path):
+  server = own_server(served_models, tmp_path, "--config.serve.drain_seconds=0")
+  try:
+    _sigterm_past_the_drain_time(server)
+  finally:
+    server.stop()
+
+
+def _sigterm_past_the_drain_time(server):
   events, answers, started = [], [], threading.Event()
 
   def stream():

@@ -9,6 +9,8 @@ from jax.sharding import PartitionSpec as P
 from helpsteer_jax import sharding
 from helpsteer_jax.models import builder, catalog
 
+pytestmark = pytest.mark.version_tier
+
 
 def test_eight_fake_devices():
   assert jax.device_count() == 8

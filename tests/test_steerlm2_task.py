@@ -40,7 +40,6 @@ def _metrics(path):
   return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.one_stack("3.11", reason="the rounds' logic; 3.12 runs iterative DPO's")
 def test_two_iterations_write_nemo_files_and_resume_to_the_same_ones(tmp_path):
   full = tmp_path / "full"
   summary = task.run(_config(), str(full))

@@ -7,7 +7,6 @@ import json
 import jax
 import numpy as np
 import pytest
-from task_configs import short_config
 
 from helpsteer_jax import runtime, saved_params
 from helpsteer_jax.data.formats import helpsteer as readers
@@ -17,14 +16,15 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.scoring import reward_model
 from helpsteer_jax.tasks import acsft, annotate, attribute_model, evaluate_rm
 
+from task_configs import short_config
+
 config = short_config
 
 
 @pytest.fixture(scope="module")
-def regression_run(tmp_path_factory):
-  workdir = tmp_path_factory.mktemp("attribute_model")
-  summary = attribute_model.run(config("attribute_model"), str(workdir))
-  return workdir, summary
+def regression_run(attribute_model_run):
+  """The session's regression attribute-model run and its summary."""
+  return attribute_model_run, json.loads((attribute_model_run / "summary.json").read_text())
 
 
 def test_attribute_model_annotation_then_acsft(regression_run, tmp_path):

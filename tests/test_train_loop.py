@@ -2,6 +2,7 @@
 
 import jax
 import numpy as np
+import pytest
 
 from train_utils import (
   full_and_resumed,
@@ -28,6 +29,7 @@ def test_loss_falls_on_a_repeated_batch(tmp_path):
   assert (tmp_path / "tensorboard").is_dir()
 
 
+@pytest.mark.version_tier
 def test_gradient_accumulation_does_not_change_the_step(tmp_path):
   features = synthetic_features(32)
   losses = {}
@@ -41,6 +43,7 @@ def test_gradient_accumulation_does_not_change_the_step(tmp_path):
   np.testing.assert_allclose(losses[4], losses[16], rtol=1e-5)
 
 
+@pytest.mark.version_tier
 def test_interrupted_run_resumes_with_identical_losses(tmp_path):
   features = synthetic_features(64)
   a, b = full_and_resumed(tiny_config, features, tmp_path)
@@ -49,6 +52,7 @@ def test_interrupted_run_resumes_with_identical_losses(tmp_path):
     assert a[step]["grad_norm"] == b[step]["grad_norm"]
 
 
+@pytest.mark.version_tier
 def test_a_run_restarted_at_its_final_step_reports_the_logged_loss(tmp_path):
   features = synthetic_features(32)
   config = tiny_config(num_steps=3, save_every=1000)
@@ -63,6 +67,7 @@ def test_a_run_restarted_at_its_final_step_reports_the_logged_loss(tmp_path):
   assert result.last_metrics["grad_norm"] == finished.last_metrics["grad_norm"]
 
 
+@pytest.mark.version_tier
 def test_restore_onto_a_different_mesh(tmp_path):
   features = synthetic_features(32)
   config = tiny_config(mesh=(2, 2, 2), num_steps=4, save_every=2)

@@ -56,6 +56,13 @@ def tiny_config(mesh=(2, 2, 2), **train):
   return config
 
 
+def lora_config(rank=8, **train):
+  """`tiny_config` with LoRA adapters of `rank` (alpha 2 * rank)."""
+  config = tiny_config(**train)
+  config.model.lora.update(rank=rank, alpha=2.0 * rank)
+  return config
+
+
 def synthetic_features(n=64, seed=0, vocab=1024, repeat_of=None):
   """Random token sequences; the second half of each carries loss."""
   rng = np.random.RandomState(seed)

@@ -1,4 +1,4 @@
-"""Records the files a test subprocess writes (used by tests/test_multihost_tasks.py).
+"""Records the files a test subprocess writes (used by tests/task_groups.py).
 
 Put this directory on PYTHONPATH and set HELPSTEER_WRITE_AUDIT to a directory:
 the process appends to `<dir>/<pid>.log` the absolute path of every file it

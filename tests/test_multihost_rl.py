@@ -1,0 +1,74 @@
+"""RL (GRPO) with two processes trains as one process does.
+
+The harness and what every two-process test checks: tests/task_groups.py.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import task_groups as tg
+
+pytestmark = pytest.mark.multihost
+
+
+def _rl(task_inputs, workdir) -> tuple[str, ...]:
+  """GRPO with a host-side scorer (split over the processes) and two updates per
+  iteration."""
+  return ("--config=configs/rl.py", *tg.MODEL, *tg.MESH, "--config.init.checkpoint=",
+          f"--config.tokenizer={task_inputs['tokenizer']}",
+          "--config.scorer.source=fake_scorer:make_brevity",
+          "--config.prompts.demo_train_prompts=16", "--config.prompts.eval_limit=4",
+          "--config.rollout.prompts_per_iteration=4", "--config.rollout.samples_per_prompt=4",
+          "--config.rollout.max_new_tokens=12", "--config.train.num_steps=2",
+          "--config.train.global_batch=8", "--config.train.micro_batch=8",
+          "--config.train.seq_len=128", "--config.train.loss_chunk_size=64",
+          "--config.train.export_hf=false", "--config.optimizer.lr=1e-2", f"--workdir={workdir}")
+
+
+RL_EXACT = ("step", "reward", "reward_normalized", "reward_std", "score", "response_length",
+            "truncated", "learning_rate")
+RL_TIMINGS = ("time", "rollout_tokens_per_s", "update_tokens_per_s", "rollout_s", "score_s",
+              "update_s", "iteration_s")
+
+
+def test_rl_two_processes_train_as_one(task_inputs, tmp_path):
+  """Rollouts, rewards, advantages and updates with two processes equal one process's:
+  the same samples and rewards (the eval samples byte for byte), and losses and weights
+  equal up to the order of the gradient all-reduce across processes (as the SFT loop's,
+  tests/test_multihost.py)."""
+  tg.single(*_rl(task_inputs, tmp_path / "single"))
+  run, _ = tg.run_two(tmp_path, *_rl(task_inputs, tmp_path / "w"))
+  tg.assert_same(tmp_path / "single", tmp_path / "w", "samples/iteration_000000.jsonl",
+                 "samples/iteration_000002.jsonl")
+
+  def metrics(workdir):
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in RL_TIMINGS} for r in rows]
+
+  one, two = metrics(tmp_path / "single"), metrics(tmp_path / "w")
+  assert [sorted(r) for r in one] == [sorted(r) for r in two] and len(one) == 4
+  for a, b in zip(one, two):
+    for key in a:
+      if key in RL_EXACT or key.startswith("eval_"):
+        assert a[key] == b[key], (a["step"], key)
+      else:
+        np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-6, err_msg=key)
+  from helpsteer_jax import saved_params
+  shapes, _ = saved_params.param_shapes(tmp_path / "single")
+  import jax
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  target = {}
+  for path, shape in shapes.items():
+    node = target
+    for key in path[:-1]:
+      node = node.setdefault(key, {})
+    node[path[-1]] = jax.ShapeDtypeStruct(shape, np.float32, sharding=device)
+  a, _ = saved_params.restore_params(tmp_path / "single", target)
+  b, _ = saved_params.restore_params(tmp_path / "w", target)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    # Adam turns a rounding-level gradient difference into up to a fraction of lr.
+    np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-5, atol=1e-4)
+  assert {p.split(os.sep)[0] for p in run.written(1, tmp_path / "w")} <= {"checkpoints"}
