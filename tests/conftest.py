@@ -70,12 +70,17 @@ SHARED_HELPSTEER2 = REPO_ROOT.parent / "shared" / "data" / "helpsteer2" / "train
 # out whole files in collection order, so a long file collected last keeps one worker
 # busy while the other has nothing left.
 SLOW_FIRST = (
-    "test_real_model.py", "test_lora_training.py", "test_acsft_cli.py", "test_train_loop.py",
-    "test_model.py", "test_fault_tolerance.py", "test_engine.py", "test_determinism.py",
-    "test_decode.py", "test_family_tasks.py", "test_rm_hf_tasks.py", "test_aot_tasks.py",
-    "test_marker_tokens.py", "test_steerlm_pipeline.py", "test_lora_tasks.py",
-    "test_dpo2d_task.py", "test_lora.py", "test_lora_dpo.py", "test_serve.py",
-    "test_rl_task.py", "test_steerlm2_task.py", "test_iterative_dpo_task.py")
+    # the version tier's longest (the fresh venv) and the main run's
+    "test_packaging.py", "test_real_model.py", "test_serve.py", "test_acsft_preemption.py",
+    "test_model.py", "test_lora_training.py", "test_steerlm2_task.py", "test_train_loop.py",
+    "test_iterative_dpo_task.py", "test_rl_resume.py", "test_family_tasks.py",
+    "test_chat_template.py", "test_aot.py", "test_real_model_acsft.py", "test_decode.py",
+    "test_generation.py", "test_fault_tolerance.py", "test_aot_tasks.py", "test_lora_tasks.py",
+    "test_completions_dialect.py", "test_cli.py", "test_determinism.py", "test_engine.py",
+    # the multi-process run's (the two fault files wait for one shared reference run)
+    "test_multihost_generate.py", "test_multihost_preemption.py", "test_multihost_steerlm2.py",
+    "test_multihost_iterative_dpo.py", "test_multihost_annotate.py", "test_multihost_rl.py",
+    "test_multihost_reference.py", "test_multihost_judging.py", "test_multihost_lost_process.py")
 SLOWEST_FILES = 15  # rows of the table printed at the end of a run
 
 
