@@ -39,7 +39,6 @@ from helpsteer_jax.config_sections import (
 
 PRESETS = ("demo", "smollm2_135m", "llama3_8b", "llama3_70b")
 RENAMED = config_base.MODEL_RENAMED
-ALGORITHMS = ("rloo", "grpo", "ppo")
 # HelpSteer2's PPO reward (arXiv 2406.08673): helpfulness, correctness and coherence only.
 PPO_WEIGHTS = {"helpfulness": 0.65, "correctness": 0.8, "coherence": 0.45, "complexity": 0.0,
                "verbosity": 0.0}
@@ -123,7 +122,7 @@ def _big(config, preset, *, lr, kl, tensor=1):
 
 def get_config(preset: str = ""):
   config = config_base.base_config("rl")
-  config.algorithm = "grpo"  # one of ALGORITHMS
+  config.algorithm = "grpo"  # a name in helpsteer_jax.rl.algorithms.REGISTRY
   config.prompts = _prompts()
   config.rollout = _rollout()
   config.loss = _loss()

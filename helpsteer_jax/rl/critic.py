@@ -28,11 +28,11 @@ from helpsteer_jax import runtime
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.data.batches import PPO_ROLLOUT_BATCH
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.losses import advantages as adv_lib
 from helpsteer_jax.losses import policy_gradient
 from helpsteer_jax.models import builder
 from helpsteer_jax.models.reward import RewardHead, RewardModel
 from helpsteer_jax.rl import objective
+from helpsteer_jax.rl.algorithms.ppo import PPO
 from helpsteer_jax.rl.settings import RLSettings
 from helpsteer_jax.scoring.load import load_reward_model
 from helpsteer_jax.train import loop
@@ -60,11 +60,11 @@ class Critic:
   optimizer settings and schedule), its train step and its values pass."""
 
   def __init__(self, parts: state_lib.ModelParts, tx, schedule, rt: runtime.Runtime,
-               s: RLSettings, accum: int, micro: int, seed: int):
-    self.parts, self.rt, self.micro, self.settings = parts, rt, micro, s
+               ppo: PPO, accum: int, micro: int, seed: int):
+    self.parts, self.rt, self.micro = parts, rt, micro
     self.state, self.shardings = state_lib.create_train_state(tx, parts, rt.mesh, seed)
     rules = rt.rules
-    loss = functools.partial(value_objective, clip=s.value_clip, coef=s.value_coef)
+    loss = functools.partial(value_objective, clip=ppo.value_clip, coef=ppo.value_coef)
     step = loop.make_train_step(parts, loss, tx, schedule, rules, accum)
     self.step = loop.jit_train_step(step, rt, self.shardings, loop.step_batch_sharding(rt),
                                     (parts.base_shardings,))
@@ -94,19 +94,6 @@ class Critic:
     with jax.set_mesh(self.rt.mesh):
       self.state, metrics = self.step(self.state, batch, self.parts.base)
     return metrics
-
-  def advantages(self, rows: dict[str, np.ndarray], scores: np.ndarray,
-                 logp: np.ndarray, ref_logp: np.ndarray) -> np.ndarray:
-    """[R, T] whitened GAE advantages of the KL-penalised token rewards (TRL's PPO); adds
-    the critic's `old_values` and the `returns` to `rows`."""
-    s, mask = self.settings, rows["mask"]
-    values = self.values(rows) * mask
-    rewards_t = adv_lib.token_rewards(*(jnp.asarray(x, jnp.float32) for x in (
-        scores, logp, ref_logp, mask)), s.kl_coef)
-    adv, returns = adv_lib.gae(rewards_t, jnp.asarray(values), jnp.asarray(mask), s.gamma,
-                               s.lam)
-    rows.update(old_values=values, returns=np.asarray(returns, np.float32))
-    return np.asarray(adv_lib.whiten(adv, jnp.asarray(mask)), np.float32)
 
 
 def _copy(tree, shardings, mesh):
@@ -159,6 +146,6 @@ def build(config: ml_collections.ConfigDict, rt: runtime.Runtime, s: RLSettings,
           policy: state_lib.ModelParts, weights: np.ndarray,
           policy_vocab: int) -> state_lib.ModelParts:
   """The critic `loss.critic_init` names."""
-  if s.critic_init == "scorer":
+  if s.algorithm.critic_init == "scorer":
     return from_scorer(config, rt, s, weights, policy_vocab)
   return from_policy(config, rt, policy)

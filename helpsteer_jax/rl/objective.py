@@ -20,7 +20,6 @@ from jax.sharding import NamedSharding
 
 from helpsteer_jax.data.batches import ROLLOUT_BATCH
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.losses import policy_gradient
 from helpsteer_jax.losses.logprobs import token_logprobs
 from helpsteer_jax.models import lora
 from helpsteer_jax.rl.rollout import Rollouts
@@ -99,18 +98,16 @@ def policy_objective(model: nnx.Module, batch: dict[str, jax.Array], *,
                      ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """(summed loss, sums) of a batch of rollout rows for the training loop.
 
-  The batch is `data.batches.ROLLOUT_BATCH`: `pack`'s fields and, [B, T], `mask`,
-  `advantages` (per token), `old_logp` (the policy that sampled, recomputed on this
-  path; read only when `settings.recomputes_old_logp`, else the policy being trained is
-  the one that sampled) and `ref_logp` (the reference's; read only with GRPO's `beta`).
+  The batch holds `data.batches.ROLLOUT_BATCH` (the algorithm's schema may add its
+  other models' fields): `pack`'s fields and, [B, T], `mask`, `advantages` (per token),
+  `old_logp` (the policy that sampled, recomputed on this path; read only when
+  `settings.recomputes_old_logp`, else the policy being trained is the one that
+  sampled) and `ref_logp` (the reference's, for an algorithm whose loss reads it).
+  The loss itself is the algorithm's (`rl.algorithms`).
   """
   s, b = settings, ROLLOUT_BATCH.view(batch)
   logp = completion_logprobs(model, batch, chunk_size, s.temperature)
   old = b.old_logp if s.recomputes_old_logp else jax.lax.stop_gradient(logp)
-  ref = b.ref_logp if s.algorithm == "grpo" and s.beta else None
-  total, weight, sums = policy_gradient.policy_loss_sums(
-      logp, old, ref, b.advantages, b.mask,
-      beta=s.beta if ref is not None else 0.0, eps_low=s.eps_low, eps_high=s.eps_high,
-      aggregation=s.aggregation, max_tokens=s.max_new_tokens)
+  total, weight, sums = s.algorithm.loss_sums(logp, old, b, s.loss)
   sums["weight"] = weight
   return total, sums

@@ -73,9 +73,9 @@ def resident_arrays(config: ml_collections.ConfigDict, rt: runtime.Runtime, s: R
     rm = state_lib.split_model(nnx.eval_shape(lambda: reward_model(scorer_cfg)), rt.mesh,
                                rt.rules, trainable=nnx.Param)
     out["attribute_model"] = _abstract(rm.params, rm.param_shardings)
-  if s.algorithm == "ppo":
+  if s.algorithm.needs_critic:
     critic_cfg = (runtime.build_model_config(config.scorer.model).replace(lora=None)
-                  if s.critic_init == "scorer" else cfg)
+                  if s.algorithm.critic_init == "scorer" else cfg)
 
     def make():
       return RewardModel(builder.new_model(critic_cfg), 1, head_bias=True)

@@ -11,31 +11,26 @@ import ml_collections
 
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.losses.policy_gradient import AGGREGATIONS
+from helpsteer_jax.rl.algorithms import REGISTRY
+from helpsteer_jax.rl.algorithms.base import Algorithm, LossSettings
 from helpsteer_jax.rl.rewards import STEERABLE
 
-ALGORITHMS = ("rloo", "grpo", "ppo")
-# TRL's defaults: GRPO averages each completion's tokens; RLOO and PPO score whole
-# completions and average over the batch's tokens.
-DEFAULT_AGGREGATION = {"rloo": "token", "grpo": "sequence", "ppo": "token"}
 NORMALIZATIONS = ("running", "fixed", "none")
 
 
 @dataclasses.dataclass(frozen=True)
 class RLSettings:
-  algorithm: str
+  """What every algorithm shares; `algorithm` carries its own typed settings."""
+  algorithm: Algorithm
   prompts: int              # P per iteration
   k: int                    # completions per prompt
   max_new_tokens: int
   temperature: float
   top_p: float
   top_k: int
-  kl_coef: float            # in the reward (rloo, ppo)
-  beta: float               # k3 in the loss (grpo)
   eps_low: float
   eps_high: float
   aggregation: str
-  normalize_advantages: bool
-  scale_advantages: bool
   truncation_penalty: float
   epochs: int
   updates_per_epoch: int    # optimizer steps per pass over a rollout batch
@@ -44,11 +39,6 @@ class RLSettings:
   reward_std: float
   steer_coef: float
   steer_attributes: tuple[str, ...]
-  gamma: float
-  lam: float
-  value_clip: float
-  value_coef: float
-  critic_init: str
   recompute_logprobs: bool
 
   @property
@@ -63,7 +53,11 @@ class RLSettings:
 
   @property
   def uses_reference(self) -> bool:
-    return bool(self.beta if self.algorithm == "grpo" else self.kl_coef)
+    return self.algorithm.uses_reference
+
+  @property
+  def loss(self) -> LossSettings:
+    return LossSettings(self.eps_low, self.eps_high, self.aggregation, self.max_new_tokens)
 
   @property
   def recomputes_old_logp(self) -> bool:
@@ -75,8 +69,8 @@ class RLSettings:
     policy's at the sampling temperature when nothing truncates the distribution
     (top-p 1, top-k 0). TRL's GRPOTrainer skips the same pass in the same case.
     """
-    return (self.recompute_logprobs or self.updates > 1 or self.top_p < 1.0
-            or self.top_k > 0)
+    return (self.recompute_logprobs or self.algorithm.needs_old_logprobs
+            or self.updates > 1 or self.top_p < 1.0 or self.top_k > 0)
 
 
 def _fixed_moments(rc: ml_collections.ConfigDict) -> tuple[float, float]:
@@ -95,13 +89,18 @@ def read(config: ml_collections.ConfigDict) -> RLSettings:
   """The settings, or a ConfigError listing every problem and what to change."""
   ro, lc, rc, tc = config.rollout, config.loss, config.reward, config.train
   problems = []
-  algorithm = config.algorithm
-  if algorithm not in ALGORITHMS:
-    problems.append(f"algorithm={algorithm!r}: choose one of {', '.join(ALGORITHMS)}")
+  kind = REGISTRY.get(config.algorithm)
+  if kind is None:
+    problems.append(f"algorithm={config.algorithm!r}: choose one of {', '.join(REGISTRY)}")
+    algorithm = None
+  else:
+    algorithm = kind.from_config(lc)
+    problems.extend(algorithm.problems())
   k, p = int(ro.samples_per_prompt), int(ro.prompts_per_iteration)
-  if algorithm in ("rloo", "grpo") and k < 2:
-    problems.append(f"rollout.samples_per_prompt={k}: {algorithm} compares each completion"
-                    " with the other samples of its prompt, so it needs at least 2")
+  if kind is not None and k < kind.min_samples:
+    problems.append(f"rollout.samples_per_prompt={k}: {kind.name} compares each completion"
+                    f" with the other samples of its prompt, so it needs at least"
+                    f" {kind.min_samples}")
   if k < 1 or p < 1:
     problems.append("rollout.prompts_per_iteration and rollout.samples_per_prompt must be >= 1")
   rows = max(k, 1) * max(p, 1)
@@ -114,13 +113,11 @@ def read(config: ml_collections.ConfigDict) -> RLSettings:
                     f"{tc.seq_len - 1} (train.seq_len holds the prompt and the completion)")
   if not ro.temperature > 0:
     problems.append(f"rollout.temperature={ro.temperature}: RL samples, so it must be > 0")
-  aggregation = lc.aggregation or DEFAULT_AGGREGATION.get(algorithm, "token")
+  aggregation = lc.aggregation or (kind.default_aggregation if kind else "token")
   if aggregation not in AGGREGATIONS:
     problems.append(f"loss.aggregation={aggregation!r}: choose one of {', '.join(AGGREGATIONS)}")
   if not (0 <= lc.eps_low < 1 and lc.eps_high >= 0):
     problems.append(f"loss.eps_low={lc.eps_low} must be in [0, 1) and loss.eps_high >= 0")
-  if lc.kl_coef < 0 or lc.beta < 0:
-    problems.append("loss.kl_coef and loss.beta must be >= 0")
   if lc.epochs < 1:
     problems.append(f"loss.epochs={lc.epochs} must be >= 1")
   if rc.normalize not in NORMALIZATIONS:
@@ -133,20 +130,13 @@ def read(config: ml_collections.ConfigDict) -> RLSettings:
   unknown = [a for a in steer if a not in STEERABLE]
   if unknown:
     problems.append(f"reward.steer_attributes: {unknown} are not steerable ({STEERABLE})")
-  if lc.critic_init not in ("policy", "scorer"):
-    problems.append(f"loss.critic_init={lc.critic_init!r}: choose 'policy' or 'scorer'")
   if problems:
     raise ConfigError("; ".join(problems))
   return RLSettings(
       algorithm=algorithm, prompts=p, k=k, max_new_tokens=int(ro.max_new_tokens),
       temperature=float(ro.temperature), top_p=float(ro.top_p), top_k=int(ro.top_k),
-      kl_coef=float(lc.kl_coef), beta=float(lc.beta), eps_low=float(lc.eps_low),
-      eps_high=float(lc.eps_high), aggregation=aggregation,
-      normalize_advantages=bool(lc.normalize_advantages),
-      scale_advantages=bool(lc.scale_advantages),
+      eps_low=float(lc.eps_low), eps_high=float(lc.eps_high), aggregation=aggregation,
       truncation_penalty=float(lc.truncation_penalty), epochs=int(lc.epochs),
       updates_per_epoch=rows // tc.global_batch, normalize=rc.normalize, reward_mean=mean,
       reward_std=std, steer_coef=float(rc.steer_coef), steer_attributes=steer,
-      gamma=float(lc.gamma), lam=float(lc.lam), value_clip=float(lc.value_clip),
-      value_coef=float(lc.value_coef), critic_init=lc.critic_init,
       recompute_logprobs=bool(lc.get("recompute_logprobs", False)))

@@ -16,7 +16,7 @@ An iteration:
    gradient. With one step the ratio is exactly 1 without them
    (`RLSettings.recomputes_old_logp`). The pass is dispatched before scoring,
    so the devices compute it while the host prepares the scorer's batches;
-4. computes advantages (`losses.advantages`) and runs `loss.epochs` passes of
+4. computes the algorithm's advantages (`rl.algorithms`) and runs `loss.epochs` passes of
    optimizer steps of `train.global_batch` completions (the shared train
    step of `train.loop`, gradient accumulation included);
 5. puts the new weights into the engine (`Engine.load_weights`, no recompile).
@@ -36,7 +36,6 @@ import time
 from typing import Any, Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
@@ -44,23 +43,20 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from helpsteer_jax import processes, runtime
 from helpsteer_jax import sharding as sharding_lib
-from helpsteer_jax.data.batches import PPO_ROLLOUT_BATCH, ROLLOUT_BATCH
 from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.engine import Engine
 from helpsteer_jax.losses import advantages as adv_lib
 from helpsteer_jax.models import builder
-from helpsteer_jax.progress import Progress
 from helpsteer_jax.rl import critic as critic_lib
 from helpsteer_jax.rl import objective, rewards, rollout
 from helpsteer_jax.rl.rollout import Prompt
 from helpsteer_jax.rl.settings import RLSettings
 from helpsteer_jax.scoring import rewards as scoring_rewards
 from helpsteer_jax.scoring.scorer import Scorer, predict
-from helpsteer_jax.train import base_fingerprint, loop, optim
+from helpsteer_jax.train import base_fingerprint, loop, optim, run_loop
 from helpsteer_jax.train import checkpoint as ckpt_lib
-from helpsteer_jax.train import metrics as metrics_lib
-from helpsteer_jax.train import preemption as preemption_lib
 from helpsteer_jax.train import state as state_lib
+from helpsteer_jax.train.run_loop import RunResult
 
 
 class HostState:
@@ -80,16 +76,9 @@ class HostState:
     pass
 
 
-@dataclasses.dataclass
-class RLResult:
-  status: str          # "finished" | "preempted" | "stopped"
-  iteration: int
-  last_metrics: dict[str, float]
-  eval_history: list[dict[str, float]]
-
-
 class RLTrainer:
-  """Runs `train.num_steps` iterations of `settings.algorithm` (see the module doc).
+  """Runs `train.num_steps` iterations of `settings.algorithm` (see the module doc); the
+  algorithm decides what the iteration computes (reference, critic, advantages, loss).
 
   `reference`: None for no reference, "adapters_off" for the LoRA base, else
   (frozen params, their shardings). `weights`: the reward's [9] weights.
@@ -119,8 +108,8 @@ class RLTrainer:
     self.state, self.state_shardings = state_lib.create_train_state(
         self.tx, parts, rt.mesh, config.seed)
     self.critic = None if critic is None else critic_lib.Critic(
-        critic, self.tx, self.schedule, rt, settings, self.accum, self.tc.micro_batch,
-        config.seed + 1)
+        critic, self.tx, self.schedule, rt, settings.algorithm, self.accum,
+        self.tc.micro_batch, config.seed + 1)
     extra = None if critic is None else {"critic": self.critic.abstract_state()}
     resuming = self.checkpointer.latest_step() is not None
     base_fingerprint.check_or_record(self.checkpointer.directory, parts.base, resuming)
@@ -205,14 +194,6 @@ class RLTrainer:
                                    steer_coef=s.steer_coef, mean=mean, std=std,
                                    attributes=s.steer_attributes)
 
-  def _advantages(self, scores: np.ndarray) -> np.ndarray:
-    s = self.s
-    if s.algorithm == "rloo":
-      return np.asarray(adv_lib.rloo_advantages(jnp.asarray(scores, jnp.float32), s.k,
-                                                s.normalize_advantages))
-    return np.asarray(adv_lib.grpo_advantages(jnp.asarray(scores, jnp.float32), s.k,
-                                              s.scale_advantages))
-
   def _dispatch_logprobs(self, rows: dict[str, np.ndarray]) -> list:
     """Starts the training path's log-prob pass over `rows` (see `_compile`)."""
     if not self._logprob_outputs:
@@ -255,13 +236,10 @@ class RLTrainer:
     if s.truncation_penalty:
       scores = np.asarray(adv_lib.truncation_penalty(scores, r.finished, s.truncation_penalty))
     kl_seq = ((old_logp - ref_logp) * mask).sum(-1)
-    if s.algorithm == "rloo" and s.kl_coef:
-      scores = np.asarray(adv_lib.with_kl_penalty(scores, old_logp, ref_logp, mask, s.kl_coef))
+    scores = s.algorithm.shape_scores(scores, old_logp, ref_logp, mask)
     rows.update(mask=mask, old_logp=old_logp * mask, ref_logp=ref_logp * mask)
-    if s.algorithm == "ppo":
-      rows["advantages"] = self.critic.advantages(rows, scores, old_logp, ref_logp)
-    else:
-      rows["advantages"] = (self._advantages(scores)[:, None] * mask).astype(np.float32)
+    rows["advantages"] = s.algorithm.advantages(rows, scores, s.k, old_logp, ref_logp,
+                                                self.critic)
     t_update0 = time.perf_counter()
     sums = self._updates(iteration, rows)
     t_update = time.perf_counter() - t_update0
@@ -291,7 +269,7 @@ class RLTrainer:
   def _updates(self, iteration: int, rows: dict[str, np.ndarray]) -> dict[str, float]:
     """`loss.epochs` passes of optimizer steps over the rollout rows; mean metrics."""
     s, g, micro = self.s, self.tc.global_batch, self.tc.micro_batch
-    fields = (PPO_ROLLOUT_BATCH if self.critic else ROLLOUT_BATCH).names
+    fields = s.algorithm.batch.names
     pending, critic_pending = [], []
     for epoch in range(s.epochs):
       order = np.random.default_rng([self.config.seed, iteration, epoch]).permutation(s.rows)
@@ -352,49 +330,32 @@ class RLTrainer:
 
   # -- the loop ----------------------------------------------------------------------
 
-  def run(self, stop_at: int | None = None) -> RLResult:
-    tc = self.tc
-    start = self.iteration
-    end = min(tc.num_steps, stop_at) if stop_at is not None else tc.num_steps
-    writer = metrics_lib.MetricsWriter(self.workdir)
-    progress = Progress(total=tc.num_steps, initial=start, desc=self.config.task)
-    preemption = preemption_lib.PreemptionSignal().install()
-    history, last, status = [], {}, "finished"
-    it = start
-    try:
-      if start == 0:
-        history.append({"iteration": 0, **self.evaluate(0, self.s.max_new_tokens)})
-        writer.write(0, history[-1], prefix="eval_")
-      while it < end:
-        metrics = self.run_iteration(it)
-        it += 1
-        preempted = preemption.reached(it)
-        self.checkpointer.save(it, self.state, self.host, preempted=preempted,
-                               extra=self._extra())
-        writer.write(it, metrics)
-        last = metrics
-        progress.update(1, reward=f"{metrics['reward']:.3f}", kl=f"{metrics['kl']:.3f}",
-                        tok_s=f"{metrics['rollout_tokens_per_s']:.0f}")
-        if preempted:
-          status = "preempted"
-          break
-        if (tc.eval_every and it % tc.eval_every == 0) or it == end:
-          history.append({"iteration": it, **self.evaluate(it, self.s.max_new_tokens)})
-          writer.write(it, history[-1], prefix="eval_")
-      if status == "finished" and it < tc.num_steps:
-        status = "stopped"
-      if status != "preempted":
-        self.checkpointer.save_final(it, self.state, self.host, extra=self._extra())
-      self.checkpointer.wait()
-      if status == "finished" and self.export_fn is not None and tc.export_hf:
-        self.export_fn(self.state.params)
-    finally:
-      preemption.uninstall()
-      progress.close()
-      writer.close()
-    if it == start:  # a run resumed at its end: what the run that got there logged
-      last = metrics_lib.last_logged(self.workdir, it)
-    return RLResult(status, it, last, history)
+  def run(self, stop_at: int | None = None) -> RunResult:
+    """Iterations to `train.num_steps` (or `stop_at`) on the shared loop
+    (`train.run_loop`): greedy evals at iteration 0, every `train.eval_every` and at
+    the end; a checkpoint per iteration."""
+    done: dict[str, float] = {}
+
+    def step(it: int) -> None:
+      done.clear()
+      done.update(self.run_iteration(it))
+
+    def logged(_: int, force: bool):
+      return dict(done), 1, {"reward": f"{done['reward']:.3f}", "kl": f"{done['kl']:.3f}",
+                             "tok_s": f"{done['rollout_tokens_per_s']:.0f}"}
+
+    hooks = run_loop.Hooks(
+        step=step, logged=logged,
+        save=lambda it, preempted: self.checkpointer.save(it, self.state, self.host,
+                                                          preempted=preempted,
+                                                          extra=self._extra()),
+        save_final=lambda it: self.checkpointer.save_final(it, self.state, self.host,
+                                                           extra=self._extra()),
+        wait=self.checkpointer.wait,
+        evaluate=lambda it: self.evaluate(it, self.s.max_new_tokens), initial_eval=True,
+        export=(None if self.export_fn is None
+                else lambda: self.export_fn(self.state.params)))
+    return run_loop.run_steps(self.config, self.workdir, self.iteration, hooks, stop_at)
 
   def _extra(self) -> dict | None:
     return {"critic": self.critic.state} if self.critic is not None else None

@@ -139,7 +139,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   parts, fresh_adapters = policy.load_policy(config, rt)
   reference = _reference(config, s, parts, rt, fresh_adapters)
   critic = (critic_lib.build(config, rt, s, parts, weights, setup.model_cfg.vocab_size)
-            if s.algorithm == "ppo" else None)
+            if s.algorithm.needs_critic else None)
   pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
   ro = config.rollout
   make_engine = functools.partial(
@@ -154,7 +154,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   max_prompt = config.train.seq_len - s.max_new_tokens
   trainer.train_prompts = read_prompts(config, attributes, encode, max_prompt, "train")
   trainer.eval_prompts = read_prompts(config, attributes, encode, max_prompt, "eval")
-  logging.info("rl: %s, %d training prompts, %d eval prompts, attributes %s", s.algorithm,
+  logging.info("rl: %s, %d training prompts, %d eval prompts, attributes %s", s.algorithm.name,
                len(trainer.train_prompts), len(trainer.eval_prompts), attributes or "none")
   result = trainer.run()
   trainer.close()
@@ -163,13 +163,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   before = evals.get(0, float("nan"))
   after = evals.get(max(evals), float("nan")) if evals else float("nan")
   plot = report.plot_curves(workdir)
-  summary = {"status": result.status, "iteration": result.iteration,
-             "algorithm": s.algorithm, "train": result.last_metrics,
+  summary = {"status": result.status, "iteration": result.step,
+             "algorithm": s.algorithm.name, "train": result.last_metrics,
              "eval_reward_before": before, "eval_reward_after": after,
              "eval": result.eval_history, "plot": str(plot) if plot else None}
   summary_lib.write_summary(
       workdir / "summary.json", summary,
-      f"rl: {result.status} at iteration {result.iteration} ({s.algorithm}); greedy reward on"
+      f"rl: {result.status} at iteration {result.step} ({s.algorithm.name}); greedy reward on"
       f" {len(trainer.eval_prompts)} held-out prompts {before:.3f} -> {after:.3f}; KL"
       f" {result.last_metrics.get('kl', float('nan')):.3f}")
   if processes.is_primary() and plot:

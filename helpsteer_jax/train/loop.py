@@ -6,7 +6,8 @@ of a micro-batch and summed metrics, with `sums["weight"]` the normaliser
 one jitted step with explicit shardings and a donated state, gradient
 accumulation over micro-batches inside the step (`lax.scan`), the global
 normalisation (sum over micro-batches / total weight, so accumulation does
-not change the result), evaluation, logging and checkpoints.
+not change the result) and evaluation; `train.run_loop` runs the steps with
+checkpoints, preemption, logging and the eval cadence.
 
 `frozen` (optional): a tree of arrays the loss needs but does not train
 (e.g. a reference model's parameters), passed to the jitted step as an
@@ -15,7 +16,6 @@ argument with its shardings and to the loss as `loss_fn(model, batch, frozen)`.
 
 from __future__ import annotations
 
-import dataclasses
 import pathlib
 import time
 from typing import Any, Callable, Sequence
@@ -34,23 +34,14 @@ from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.data import pipeline
 from helpsteer_jax.errors import ConfigError, TrainingError
 from helpsteer_jax.models import lora
-from helpsteer_jax.progress import Progress
 from helpsteer_jax.runtime import Runtime
-from helpsteer_jax.train import base_fingerprint, optim
+from helpsteer_jax.train import base_fingerprint, optim, run_loop
 from helpsteer_jax.train import checkpoint as ckpt_lib
 from helpsteer_jax.train import metrics as metrics_lib
-from helpsteer_jax.train import preemption as preemption_lib
 from helpsteer_jax.train import state as state_lib
+from helpsteer_jax.train.run_loop import RunResult
 
 LossFn = Callable[[nnx.Module, dict[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]]
-
-
-@dataclasses.dataclass
-class RunResult:
-  status: str                # "finished" | "preempted" | "stopped"
-  step: int
-  last_metrics: dict[str, float]
-  eval_metrics: dict[str, float]
 
 
 def _tree_zeros_like(tree):
@@ -269,63 +260,43 @@ class Trainer:
   def run(self, stop_at: int | None = None) -> RunResult:
     """Trains to `train.num_steps` (or `stop_at`), resuming where a run stopped."""
     tc = self.tc
-    start = int(jax.device_get(self.state.step))
-    end = min(tc.num_steps, stop_at) if stop_at is not None else tc.num_steps
-    writer = metrics_lib.MetricsWriter(self.workdir)
-    progress = Progress(total=tc.num_steps, initial=start, desc=self.config.task)
-    preemption = preemption_lib.PreemptionSignal().install()
     peak = (metrics_lib.peak_flops_per_device(tc.peak_flops, tc.cpu_peak_gflops * 1e9)
             * jax.device_count())
-    last, eval_metrics, status = {}, {}, "finished"
-    window_tokens, window_start, window_steps = 0, time.perf_counter(), 0
+    window = {"tokens": 0, "steps": 0, "start": time.perf_counter()}
     pending = None
-    step = start
-    try:
-      while step < end:
-        batch, tokens = self._next_batch()
-        with jax.set_mesh(self.rt.mesh):
-          self.state, pending = self.train_step(self.state, batch, *self.frozen)
-        step += 1
-        window_tokens += tokens
-        window_steps += 1
-        preempted = preemption.reached(step)  # the same answer on every process
-        self.checkpointer.save(step, self.state, self.train_iter, preempted=preempted)
-        if step % tc.log_every == 0 or step == end or preempted:
-          fetched = {k: float(v) for k, v in jax.device_get(pending).items()}
-          check_finite(step, fetched, tc.max_consecutive_nonfinite)
-          elapsed = time.perf_counter() - window_start
-          tps = window_tokens / max(elapsed, 1e-9)
-          fetched.update(tokens_per_s=tps, step_time=elapsed / window_steps,
-                         fill=window_tokens / (window_steps * tc.global_batch * tc.seq_len))
-          if peak and self.flops_per_token:
-            fetched["mfu"] = self.flops_per_token * tps / peak
-          writer.write(step, fetched)
-          last = fetched
-          progress.update(window_steps, loss=f"{fetched['loss']:.4f}", tok_s=f"{tps:.0f}")
-          window_tokens, window_start, window_steps = 0, time.perf_counter(), 0
-        if preempted:
-          status = "preempted"
-          break
-        if tc.eval_every and step % tc.eval_every == 0 and step < end:
-          eval_metrics = self.evaluate()
-          writer.write(step, eval_metrics, prefix="eval_")
-      if status == "finished" and step < tc.num_steps:
-        status = "stopped"
-      if status != "preempted":
-        self.checkpointer.save_final(step, self.state, self.train_iter)
-        if self.eval_features:
-          eval_metrics = self.evaluate()
-          writer.write(step, eval_metrics, prefix="eval_")
-      self.checkpointer.wait()
-      if status == "finished" and self.export_fn is not None and tc.export_hf:
-        self.export_fn(self.state.params)
-    finally:
-      preemption.uninstall()
-      progress.close()
-      writer.close()
-    if step == start:
-      last = metrics_lib.last_logged(self.workdir, step)
-    return RunResult(status, step, last, eval_metrics)
+
+    def step(_: int) -> None:
+      nonlocal pending
+      batch, tokens = self._next_batch()
+      with jax.set_mesh(self.rt.mesh):
+        self.state, pending = self.train_step(self.state, batch, *self.frozen)
+      window["tokens"] += tokens
+      window["steps"] += 1
+
+    def logged(step: int, force: bool):
+      if step % tc.log_every and not force:
+        return None
+      fetched = {k: float(v) for k, v in jax.device_get(pending).items()}
+      check_finite(step, fetched, tc.max_consecutive_nonfinite)
+      elapsed = time.perf_counter() - window["start"]
+      tps, steps = window["tokens"] / max(elapsed, 1e-9), window["steps"]
+      fetched.update(tokens_per_s=tps, step_time=elapsed / steps,
+                     fill=window["tokens"] / (steps * tc.global_batch * tc.seq_len))
+      if peak and self.flops_per_token:
+        fetched["mfu"] = self.flops_per_token * tps / peak
+      window.update(tokens=0, steps=0, start=time.perf_counter())
+      return fetched, steps, {"loss": f"{fetched['loss']:.4f}", "tok_s": f"{tps:.0f}"}
+
+    hooks = run_loop.Hooks(
+        step=step, logged=logged,
+        save=lambda i, preempted: self.checkpointer.save(i, self.state, self.train_iter,
+                                                         preempted=preempted),
+        save_final=lambda i: self.checkpointer.save_final(i, self.state, self.train_iter),
+        wait=self.checkpointer.wait, evaluate=lambda _: self.evaluate(),
+        export=(None if self.export_fn is None
+                else lambda: self.export_fn(self.state.params)))
+    return run_loop.run_steps(self.config, self.workdir, int(jax.device_get(self.state.step)),
+                              hooks, stop_at)
 
   def close(self) -> None:
     self.checkpointer.close()

@@ -1,0 +1,95 @@
+"""What an online RL algorithm declares and computes; `rl.trainer` asks, never names one.
+
+An algorithm is a frozen dataclass of its own settings (read from `config.loss` by
+field name, each checked by `problems`) whose class declares what an iteration
+must provide:
+
+- `min_samples`: completions per prompt it needs (a group baseline needs 2);
+- `needs_critic`: a value model trained beside the policy (`rl.critic`);
+- `needs_old_logprobs`: the sampling policy's log-probs recomputed on the
+  training path even with one optimizer step per rollout batch;
+- `default_aggregation`: how its per-token losses become the batch loss;
+- `batch`: the schema of the rows an iteration trains on: `ROLLOUT_BATCH`, which the
+  policy's loss reads, or an extension with the fields its other models read (PPO's
+  critic).
+
+Per iteration it turns the rollouts' scores [R] into per-token advantages [R, T]
+(`shape_scores`, then `advantages`) and a micro-batch's log-probs into the
+summed loss (`loss_sums`), from `losses.advantages` and `losses.policy_gradient`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import jax
+import ml_collections
+import numpy as np
+
+from helpsteer_jax.data.batches import ROLLOUT_BATCH, BatchSchema
+from helpsteer_jax.losses import policy_gradient
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSettings:
+  """The clipped objective's settings every algorithm shares (`RLSettings` holds them)."""
+  eps_low: float
+  eps_high: float
+  aggregation: str
+  max_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+  name: ClassVar[str]
+  min_samples: ClassVar[int] = 1
+  needs_critic: ClassVar[bool] = False
+  needs_old_logprobs: ClassVar[bool] = False
+  default_aggregation: ClassVar[str] = "token"
+  batch: ClassVar[BatchSchema] = ROLLOUT_BATCH
+
+  @classmethod
+  def from_config(cls, loss: ml_collections.ConfigDict) -> Algorithm:
+    """The algorithm with its fields read from `config.loss` (missing keys: defaults)."""
+    values = {}
+    for f in dataclasses.fields(cls):
+      if f.name in loss:
+        kind = type(f.default) if f.default is not dataclasses.MISSING else float
+        values[f.name] = kind(loss[f.name])
+    return cls(**values)
+
+  def problems(self) -> list[str]:
+    """What is wrong with the settings, each naming the key to change."""
+    return []
+
+  @property
+  def uses_reference(self) -> bool:
+    """Whether an iteration computes the reference's log-probabilities."""
+    return False
+
+  def shape_scores(self, scores: np.ndarray, logp: np.ndarray, ref_logp: np.ndarray,
+                   mask: np.ndarray) -> np.ndarray:
+    """[R] completion scores as the advantages read them (e.g. a KL penalty folded in);
+    `logp`, `ref_logp`, `mask` [R, T] (the reference's zeros without one)."""
+    return scores
+
+  def advantages(self, rows: dict[str, np.ndarray], scores: np.ndarray, k: int,
+                 logp: np.ndarray, ref_logp: np.ndarray, critic: Any = None) -> np.ndarray:
+    """[R, T] per-token advantages (0 past the mask) of the R = P * K rollouts (the K
+    samples of a prompt adjacent); may add the batch's other fields to `rows`."""
+    raise NotImplementedError
+
+  def loss_sums(self, logp: jax.Array, old_logp: jax.Array, batch: Any,
+                common: LossSettings) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+    """(summed loss, its normaliser, token sums) of a micro-batch; `batch` is a view of
+    `ROLLOUT_BATCH`. The clipped surrogate without a KL term by default."""
+    return policy_gradient.policy_loss_sums(
+        logp, old_logp, None, batch.advantages, batch.mask, beta=0.0,
+        eps_low=common.eps_low, eps_high=common.eps_high, aggregation=common.aggregation,
+        max_tokens=common.max_tokens)
+
+
+def per_token(advantages: jax.Array | np.ndarray, mask: np.ndarray) -> np.ndarray:
+  """[R] sequence advantages spread over each completion's tokens, [R, T] float32."""
+  return (np.asarray(advantages)[:, None] * mask).astype(np.float32)

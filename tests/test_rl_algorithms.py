@@ -1,0 +1,200 @@
+"""RL algorithms as classes: the registry is the one list, each algorithm's iteration
+arithmetic equals the published formulas re-derived in NumPy (TRL's RLOOTrainer,
+GRPOTrainer and PPOTrainer), and a new algorithm is one class plus one registry line."""
+
+import ast
+import dataclasses
+import pathlib
+import re
+import runpy
+from typing import ClassVar
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.rl import algorithms, settings
+from helpsteer_jax.rl.algorithms.base import Algorithm, LossSettings, per_token
+
+from conftest import REPO_ROOT
+
+P, K, T = 3, 4, 6
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def _config(**overrides):
+  config = runpy.run_path(str(REPO_ROOT / "configs" / "rl.py"))["get_config"]()
+  config.update(overrides)
+  return config
+
+
+def _rollouts(seed=0):
+  rng = np.random.default_rng(seed)
+  b = P * K
+  logp = -rng.uniform(0.1, 3.0, (b, T))
+  ref = logp + rng.normal(0, 0.5, (b, T))
+  lengths = rng.integers(1, T + 1, b)
+  mask = (np.arange(T)[None] < lengths[:, None]).astype(np.float32)
+  scores = rng.normal(0, 1, b)
+  return logp * mask, ref * mask, mask, scores
+
+
+class _View:
+  def __init__(self, **fields):
+    self.__dict__.update({k: jnp.asarray(v, jnp.float32) for k, v in fields.items()})
+
+
+def test_the_registry_is_the_one_list():
+  assert list(algorithms.REGISTRY) == ["rloo", "grpo", "ppo"]
+  with pytest.raises(ConfigError, match="choose one of rloo, grpo, ppo"):
+    settings.read(_config(algorithm="a2c"))
+  # The docs' table has one row per registered algorithm, in order.
+  doc = (REPO_ROOT / "docs" / "tasks" / "rl.md").read_text()
+  table = doc.split("| `algorithm` | advantage |", 1)[1].split("\n\n", 1)[0]
+  assert re.findall(r"^\| `(\w+)` \| ", table, re.M) == list(algorithms.REGISTRY)
+  for name, cls in algorithms.REGISTRY.items():
+    s = settings.read(_config(algorithm=name))
+    assert type(s.algorithm) is cls and s.algorithm.name == name
+
+
+def test_no_algorithm_is_named_outside_its_module():
+  """Code asks an algorithm what it needs; only `rl/algorithms/` knows their names."""
+  names = set(algorithms.REGISTRY)
+  offenders = []
+  for path in (REPO_ROOT / "helpsteer_jax").rglob("*.py"):
+    if "algorithms" in path.relative_to(REPO_ROOT).parts:
+      continue
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.Compare):
+        for side in (node.left, *node.comparators):
+          consts = [side] if isinstance(side, ast.Constant) else (
+              list(side.elts) if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [])
+          if any(isinstance(c, ast.Constant) and c.value in names for c in consts):
+            offenders.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno}")
+  assert not offenders, offenders
+
+
+def test_each_algorithm_reads_and_checks_its_own_settings():
+  s = settings.read(_config(algorithm="grpo", **{"loss": {**_config().loss.to_dict(),
+                                                          "beta": 0.0}}))
+  assert s.algorithm == algorithms.GRPO(beta=0.0, scale_advantages=True)
+  assert not s.uses_reference and s.aggregation == "sequence"
+  s = settings.read(_config(algorithm="rloo"))
+  assert s.algorithm.kl_coef == 0.05 and s.uses_reference and s.aggregation == "token"
+  config = _config(algorithm="ppo")
+  config.loss.update(critic_init="value_head", gamma=1.5)
+  with pytest.raises(ConfigError, match="critic_init='value_head'.*loss.gamma=1.5"):
+    settings.read(config)
+  config = _config(algorithm="rloo")
+  config.loss.kl_coef = -1.0
+  with pytest.raises(ConfigError, match="loss.kl_coef=-1.0 must be >= 0"):
+    settings.read(config)
+  config.algorithm = "grpo"  # rloo's coefficient is not grpo's
+  settings.read(config)
+
+
+def test_rloo_folds_the_kl_into_the_reward_and_leaves_one_out():
+  logp, ref, mask, scores = _rollouts(1)
+  algo = algorithms.RLOO(kl_coef=0.1)
+  shaped = algo.shape_scores(scores, logp, ref, mask)
+  want_scores = scores - 0.1 * ((logp - ref) * mask).sum(-1)  # TRL's rlhf_reward
+  np.testing.assert_allclose(shaped, want_scores, **TOL)
+  got = algo.advantages({"mask": mask}, shaped, K, logp, ref)
+  groups = want_scores.reshape(P, K)
+  want = (groups - (groups.sum(1, keepdims=True) - groups) / (K - 1)).reshape(-1)
+  np.testing.assert_allclose(got, want[:, None] * mask, **TOL)
+  assert algorithms.RLOO(kl_coef=0.0).shape_scores(scores, logp, ref, mask) is scores
+
+
+@pytest.mark.parametrize("scale", [True, False])
+def test_grpo_advantages_and_the_kl_only_with_beta(scale):
+  logp, ref, mask, scores = _rollouts(2)
+  algo = algorithms.GRPO(beta=0.04, scale_advantages=scale)
+  assert algo.shape_scores(scores, logp, ref, mask) is scores
+  got = algo.advantages({"mask": mask}, scores, K, logp, ref)
+  g = scores.reshape(P, K)
+  want = g - g.mean(1, keepdims=True)
+  if scale:
+    want = want / (g.std(1, ddof=1, keepdims=True) + 1e-4)
+  np.testing.assert_allclose(got, want.reshape(-1)[:, None] * mask, **TOL)
+
+  common = LossSettings(eps_low=0.2, eps_high=0.2, aggregation="token", max_tokens=T)
+  view = _View(advantages=got, mask=mask, ref_logp=ref)
+  lp = jnp.asarray(logp, jnp.float32)
+  _, _, with_kl = algo.loss_sums(lp, lp, view, common)
+  k3 = np.exp(ref - logp) - (ref - logp) - 1
+  np.testing.assert_allclose(with_kl["kl"], (k3 * mask).sum(), **TOL)
+  total0, _, without = dataclasses.replace(algo, beta=0.0).loss_sums(lp, lp, view, common)
+  assert "kl" not in without
+  # Ratio 1: the loss is minus the advantages' token mean.
+  np.testing.assert_allclose(total0, -(got * mask).sum(), **TOL)
+
+
+class _Critic:
+  def __init__(self, values):
+    self._values = values
+
+  def values(self, rows):
+    return self._values
+
+
+def test_ppo_gae_on_the_critic_s_values():
+  """TRL PPOTrainer: per-token rewards -kl_coef (log pi - log ref), the score at the last
+  token; GAE's backward recursion; advantages whitened over the batch's tokens."""
+  logp, ref, mask, scores = _rollouts(3)
+  values = np.random.default_rng(4).normal(0, 1, logp.shape).astype(np.float32)
+  algo = algorithms.PPO(kl_coef=0.05, gamma=0.99, lam=0.9)
+  rows = {"mask": mask}
+  got = algo.advantages(rows, scores, K, logp, ref, _Critic(values))
+  b = len(scores)
+  rewards = -0.05 * (logp - ref) * mask
+  for i in range(b):
+    rewards[i, int(mask[i].sum()) - 1] += scores[i]
+  v = values * mask
+  adv = np.zeros((b, T))
+  for i in range(b):
+    last = 0.0
+    for t in reversed(range(T)):
+      nxt = v[i, t + 1] if t < T - 1 else 0.0
+      last = (rewards[i, t] + 0.99 * nxt - v[i, t]) * mask[i, t] + 0.99 * 0.9 * last
+      adv[i, t] = last
+  adv *= mask
+  np.testing.assert_allclose(rows["returns"], (adv + v) * mask, **TOL)
+  np.testing.assert_allclose(rows["old_values"], v, **TOL)
+  valid = adv[mask > 0]
+  want = (adv - valid.mean()) / np.sqrt(valid.var(ddof=1) + 1e-8) * mask
+  np.testing.assert_allclose(got, want, **TOL)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Reinforce(Algorithm):
+  """REINFORCE with the batch-mean baseline: what a new algorithm's module holds."""
+  name: ClassVar[str] = "reinforce"
+  needs_old_logprobs: ClassVar[bool] = True
+
+  baseline_coef: float = 1.0
+
+  def problems(self):
+    return [] if self.baseline_coef >= 0 else ["loss.baseline_coef must be >= 0"]
+
+  def advantages(self, rows, scores, k, logp, ref_logp, critic=None):
+    return per_token(scores - self.baseline_coef * scores.mean(), rows["mask"])
+
+
+def test_a_new_algorithm_is_one_class_and_one_registry_line(monkeypatch):
+  monkeypatch.setitem(algorithms.REGISTRY, "reinforce", _Reinforce)
+  config = _config(algorithm="reinforce")
+  config.rollout.samples_per_prompt = 1  # no group baseline: one sample per prompt is fine
+  config.train.global_batch = 16
+  config.loss.baseline_coef = 0.5
+  s = settings.read(config)
+  assert s.algorithm == _Reinforce(baseline_coef=0.5)
+  assert s.recomputes_old_logp and not s.uses_reference
+  logp, ref, mask, scores = _rollouts(5)
+  got = s.algorithm.advantages({"mask": mask}, scores, 1, logp, ref)
+  np.testing.assert_allclose(got, (scores - 0.5 * scores.mean())[:, None] * mask, **TOL)
+  config.loss.baseline_coef = -1.0
+  with pytest.raises(ConfigError, match="baseline_coef"):
+    settings.read(config)
+  assert pathlib.Path(algorithms.__file__).read_text().count("REGISTRY") == 1
