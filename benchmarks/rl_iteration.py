@@ -90,11 +90,11 @@ def run_ours(spec: dict, result_path: str) -> None:
   from helpsteer_jax.inference.engine import Engine
   from helpsteer_jax.rl import settings
   from helpsteer_jax.rl.trainer import Prompt, RLTrainer
+  from helpsteer_jax.runs import policy
+  from helpsteer_jax.runs import setup as setup_lib
   from helpsteer_jax.scoring import rewards as scoring_rewards
   from helpsteer_jax.scoring.load import load_scorer
-  from helpsteer_jax.tasks import policy
   from helpsteer_jax.tasks import rl as rl_task
-  from helpsteer_jax.tasks import setup as setup_lib
 
   config = _our_config(spec)
   workdir = tempfile.mkdtemp(prefix="rl_iteration_")

@@ -37,9 +37,9 @@ from helpsteer_jax.eval import steering_sweep as sweep_lib  # noqa: E402
 from helpsteer_jax.eval import sweep_report  # noqa: E402
 from helpsteer_jax.inference import best_of_n, steering  # noqa: E402
 from helpsteer_jax.inference.sampling import SamplingConfig  # noqa: E402
+from helpsteer_jax.runs import generation  # noqa: E402
 from helpsteer_jax.scoring import rewards, rules  # noqa: E402
 from helpsteer_jax.scoring.scorer import HostScorer  # noqa: E402
-from helpsteer_jax.tasks import generate  # noqa: E402
 
 FIXED = dict(helpfulness=4, correctness=4, coherence=4, complexity=1, verbosity=2)
 TOPICS = ("list", "capital", "math")
@@ -111,7 +111,7 @@ def main() -> None:
   config = runpy.run_path(str(common.REPO / "configs" / "steering_sweep.py"))["get_config"]()
   config.init.checkpoint = str(workdir)
   config.batch_size = 16
-  gen = generate.build_generator(config, runtime.setup(config), workdir)
+  gen = generation.build_generator(config, runtime.setup(config), workdir)
   prompts = demo.heldout_prompts(args.prompts)
 
   summary = sweep(gen, prompts, config.batch_size, args.max_new_tokens)

@@ -24,6 +24,7 @@ from helpsteer_jax.data.batches import (
 )
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.models import hf
+from helpsteer_jax.runs import preference
 from helpsteer_jax.tasks import acsft, attribute_model, dpo2d
 from helpsteer_jax.train import loop
 
@@ -60,8 +61,9 @@ def _examples(task, config, workdir: pathlib.Path) -> list[dict]:
   """The task's own featurizer on its demo data."""
   tokenizer = hf.load_tokenizer(config.tokenizer)
   if task is dpo2d:
-    train_src, _ = dpo2d.data_sources(config, workdir)
-    return dpo2d.load_features(train_src, config, dpo2d.loss_config(config, csv=False), tokenizer)
+    train_src, _ = preference.data_sources(config, workdir)
+    return preference.load_features(train_src, config,
+                                    preference.loss_config(config, csv=False), tokenizer)
   return task.load_data(config, workdir, tokenizer)[0]
 
 
@@ -81,7 +83,7 @@ def test_featurizer_pipeline_and_aot_step_match_the_schema(case, tokenizer_dir, 
     assert sizes["length"] <= config.train.seq_len
 
   if schema is CACHED_PAIR_BATCH:  # what the reference pass adds
-    examples = dpo2d._with_reference(
+    examples = preference._with_reference(
         examples, np.zeros((len(examples), 2, dims["segments"]), np.float32))
   batch = next(iter(pipeline.training_dataset(examples, loop.pipeline_config(config, ROWS))))
   sizes = schema.check(batch, **dims)

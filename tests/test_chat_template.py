@@ -299,24 +299,24 @@ def test_generate_precedence_config_then_model_then_nemo():
 
 
 def test_dpo2d_export_steers_the_response_label_else_the_policy_source(tmp_path):
-  from helpsteer_jax.tasks import dpo2d
+  from helpsteer_jax.runs import preference
   config = ml_collections.ConfigDict({
       "data": {"response_label": "verbosity:2,helpfulness:3"},
       "init": {"hf_path": "", "checkpoint": "", "step": -1}})
-  assert dpo2d.steer_spec(config) == chat_template.SteerSpec(
+  assert preference.steer_spec(config) == chat_template.SteerSpec(
       ("helpfulness", "verbosity"), {"helpfulness": 3, "verbosity": 2})
   config.data.response_label = ""
-  assert dpo2d.steer_spec(config) == chat_template.NO_LABELS
+  assert preference.steer_spec(config) == chat_template.NO_LABELS
   run = tmp_path / "acsft"
   (run / "hf").mkdir(parents=True)
   (run / "hf" / "config.json").write_text(json.dumps({"steerlm": SPECS["subset"].section()}))
   config.init.checkpoint = str(run / "checkpoints")
-  assert dpo2d.steer_spec(config) == SPECS["subset"]
+  assert preference.steer_spec(config) == SPECS["subset"]
   config.init.update(checkpoint="", hf_path=str(run / "hf"))
-  assert dpo2d.steer_spec(config) == SPECS["subset"]
+  assert preference.steer_spec(config) == SPECS["subset"]
   config.data.response_label = "verbosity:7"
   with pytest.raises(ConfigError, match="data.response_label: .*outside 0..4"):
-    dpo2d.steer_spec(config)
+    preference.steer_spec(config)
 
 
 def test_acsft_export_carries_the_template_and_generate_uses_it(tmp_path):

@@ -13,6 +13,7 @@ from helpsteer_jax import runtime
 from helpsteer_jax.data.batches import REFERENCE_INPUT
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import hf
+from helpsteer_jax.runs import preference
 from helpsteer_jax.tasks import dpo2d as task
 from helpsteer_jax.train import checkpoint as ckpt_lib
 from helpsteer_jax.train import optim
@@ -75,8 +76,8 @@ def test_cached_reference_from_an_acsft_checkpoint(tmp_path):
   parts_dir = tmp_path / "run" / "reference" / "train"
   ref = np.concatenate([np.load(p) for p in sorted(parts_dir.glob("part_*.npy"))])
   vocab = runtime.model_config(config).vocab_size
-  features = task.load_features(str(tmp_path / "run" / "demo_2d" / "train.jsonl"), config,
-                                task.loss_config(config, csv=False),
+  features = preference.load_features(str(tmp_path / "run" / "demo_2d" / "train.jsonl"), config,
+                                preference.loss_config(config, csv=False),
                                 hf.load_tokenizer(tmp_path / "run" / "demo_tokenizer"))
   counts = np.stack([[np.bincount(f["token_segments"][j], minlength=5)[1:] for j in (0, 1)]
                      for f in features])
@@ -115,5 +116,5 @@ def test_reference_cache_is_reused_and_invalidated(tmp_path):
 def test_impossible_loss_configs_fail_early(change, message):
   config = _config(**change)
   with pytest.raises(ConfigError, match=message):
-    task.loss_config(config, csv=False)
-  assert task.loss_config(_config(aspect_weights=(0.5, 0.5)), csv=True).aspects == ("score",)
+    preference.loss_config(config, csv=False)
+  assert preference.loss_config(_config(aspect_weights=(0.5, 0.5)), csv=True).aspects == ("score",)

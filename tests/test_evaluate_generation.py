@@ -24,9 +24,10 @@ from helpsteer_jax.eval import mt_bench_data, mt_bench_grading
 from helpsteer_jax.eval.mt_bench_answers import conversation
 from helpsteer_jax.models import catalog, reward_hf
 from helpsteer_jax.models.reward import reward_model
+from helpsteer_jax.runs import generation
 from helpsteer_jax.scoring.load import load_scorer
 from helpsteer_jax.scoring.rewards import weight_vector
-from helpsteer_jax.tasks import evaluate_generation, generate
+from helpsteer_jax.tasks import evaluate_generation
 
 from conftest import REPO_ROOT
 from multiprocess import free_port
@@ -129,7 +130,7 @@ def test_mt_bench_with_llm_judge_resumes_and_reports(models, judge, tmp_path):
 
   # The second turn was generated from the model's own first answer.
   rt = runtime.setup(config)
-  generator = generate.build_generator(config, rt, work, max_batch=2)
+  generator = generation.build_generator(config, rt, work, max_batch=2)
   questions = mt_bench_data.read_questions(mt_dir / "question.jsonl")[:2]
   turn2 = [template.generation_prompt(conversation(q, a["choices"][0]["turns"][:1],
                                                    a["attributes"], config.system),

@@ -22,9 +22,10 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import loading
 from helpsteer_jax.models import builder, catalog, hf
 from helpsteer_jax.models.reward import reward_model
+from helpsteer_jax.runs import expo_sources
 from helpsteer_jax.scoring import load as scoring_load
 from helpsteer_jax.scoring import reward_model as rm_lib
-from helpsteer_jax.tasks import expo, expo_sources
+from helpsteer_jax.tasks import expo
 
 from conftest import REPO_ROOT
 

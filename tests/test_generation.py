@@ -205,11 +205,12 @@ def test_best_of_n_keeps_the_highest_weighted_reward(tokenizer):
 
 
 def test_file_mode_resumes_mid_batch_as_an_uninterrupted_run(tmp_path, tokenizer):
+  from helpsteer_jax.runs import generation
   from helpsteer_jax.tasks import generate as generate_task
   config = _task_config()
   config.batch_size, config.max_new_tokens, config.seed = 2, 6, 5
   config.sampling.temperature = 1.0
-  sampling = generate_task.sampling_config(config)
+  sampling = generation.sampling_config(config)
   gen = _generator(tokenizer)
   requests = [steering.make_request(p, {"verbosity": i % 5}, extra={"id": i})
               for i, p in enumerate(demo.heldout_prompts(7))]

@@ -19,6 +19,7 @@ from helpsteer_jax.data.demo import pairs_2d
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.losses.pair_logprobs import model_segment_logps
 from helpsteer_jax.models import builder, hf, lora
+from helpsteer_jax.runs import preference
 from helpsteer_jax.tasks import dpo2d as task
 
 
@@ -45,8 +46,8 @@ def test_adapters_off_log_probs_are_the_base_models_exactly(tmp_path):
   adapted = nnx.merge(graphdef, adapters, rest)
   tok = hf.load_tokenizer(demo_tokenizer.build_demo_tokenizer(tmp_path / "tok"))
   demo = pairs_2d.write_demo_2d(tmp_path / "demo", 8, 0)
-  features = task.load_features(str(demo / "train.jsonl"), config,
-                                task.loss_config(config, csv=False), tok)[:4]
+  features = preference.load_features(str(demo / "train.jsonl"), config,
+                                preference.loss_config(config, csv=False), tok)[:4]
   batch = {k: np.stack([f[k] for f in features]) for k in
            ("inputs", "targets", "positions", "segment_ids", "token_segments", "seg_mask")}
   base = np.asarray(model_segment_logps(model, batch, 64))
@@ -59,7 +60,7 @@ def test_adapters_off_log_probs_are_the_base_models_exactly(tmp_path):
 
 def test_on_the_fly_lora_reference_needs_no_copy_and_matches_the_cached_mode(tmp_path):
   on_the_fly = _lora(_config(loss_type="dpo"), "on_the_fly")
-  assert task.adapters_off_reference(on_the_fly)
+  assert preference.adapters_off_reference(on_the_fly)
   summary = task.run(on_the_fly, str(tmp_path / "fly"))
   first = _first_step(tmp_path / "fly")
   assert first["loss"] == pytest.approx(math.log(2), abs=1e-6)  # policy == reference

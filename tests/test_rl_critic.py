@@ -19,9 +19,9 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import catalog, reward_hf
 from helpsteer_jax.models.reward import reward_model
 from helpsteer_jax.rl import critic, settings
+from helpsteer_jax.runs import policy
 from helpsteer_jax.scoring.load import load_reward_model
 from helpsteer_jax.scoring.rewards import weight_vector
-from helpsteer_jax.tasks import policy
 from helpsteer_jax.train import state as state_lib
 
 from conftest import REPO_ROOT

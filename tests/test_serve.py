@@ -28,9 +28,9 @@ from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import steering
 from helpsteer_jax.models import hf
+from helpsteer_jax.runs import setup as setup_lib
 from helpsteer_jax.scoring import rewards
 from helpsteer_jax.scoring.load import load_scorer
-from helpsteer_jax.tasks import setup as setup_lib
 
 from cli_utils import run_main
 from conftest import REPO_ROOT

@@ -24,8 +24,8 @@ from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.formats.task_source import load_conversations
 from helpsteer_jax.losses.sft import sft_loss
 from helpsteer_jax.models import builder
-from helpsteer_jax.tasks import setup as setup_lib
-from helpsteer_jax.tasks import summary as summary_lib
+from helpsteer_jax.runs import setup as setup_lib
+from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.train import abstract_step, export, loop
 from helpsteer_jax.train import state as state_lib
 

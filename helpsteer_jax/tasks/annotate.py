@@ -35,11 +35,11 @@ from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.data.template import label_string
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.progress import Progress
+from helpsteer_jax.runs import setup as setup_lib
+from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.scoring.load import load_scorer
 from helpsteer_jax.scoring.metrics import rounded
 from helpsteer_jax.scoring.scorer import Scorer, predict
-from helpsteer_jax.tasks import setup as setup_lib
-from helpsteer_jax.tasks import summary as summary_lib
 
 
 def steerlm_row(conv: Conversation) -> dict:

@@ -28,12 +28,12 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.losses.bt import BT_VARIANTS, bt_loss
 from helpsteer_jax.losses.regression import regression_loss
 from helpsteer_jax.models import reward, reward_hf
+from helpsteer_jax.runs import setup as setup_lib
+from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.scoring import evaluate as rm_eval
 from helpsteer_jax.scoring import report as rm_report
 from helpsteer_jax.scoring import reward_model
 from helpsteer_jax.scoring.model import ModelScorer
-from helpsteer_jax.tasks import setup as setup_lib
-from helpsteer_jax.tasks import summary as summary_lib
 from helpsteer_jax.train import abstract_step, export, loop
 from helpsteer_jax.train import state as state_lib
 

@@ -26,11 +26,11 @@ from helpsteer_jax.data.formats import helpsteer_2d
 from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.records import HELPSTEER_ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.runs import setup as setup_lib
+from helpsteer_jax.runs import setup_2d
+from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.scoring import segments
 from helpsteer_jax.scoring.load import load_scorer
-from helpsteer_jax.tasks import setup as setup_lib
-from helpsteer_jax.tasks import setup_2d
-from helpsteer_jax.tasks import summary as summary_lib
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:

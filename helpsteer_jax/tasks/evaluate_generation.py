@@ -24,10 +24,10 @@ from helpsteer_jax.eval import mt_bench_data, mt_bench_judgments, mt_bench_repor
 from helpsteer_jax.eval.judge_client import JudgmentCache, OpenAIJudge
 from helpsteer_jax.eval.mt_bench_answers import answer_all
 from helpsteer_jax.inference import loading, steering
+from helpsteer_jax.runs import setup as setup_lib
+from helpsteer_jax.runs import summary as summary_lib
+from helpsteer_jax.runs.generation import build_generator, sampling_config
 from helpsteer_jax.scoring import load, remote, rewards, rules
-from helpsteer_jax.tasks import setup as setup_lib
-from helpsteer_jax.tasks import summary as summary_lib
-from helpsteer_jax.tasks.generate import build_generator, sampling_config
 
 JUDGES = ("openai", "attribute_model", "none")
 

@@ -37,12 +37,12 @@ from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.progress import Progress
+from helpsteer_jax.runs import setup as setup_lib
+from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.scoring import evaluate as rm_eval
 from helpsteer_jax.scoring import report as rm_report
 from helpsteer_jax.scoring import rewards
 from helpsteer_jax.scoring.load import check_source, load_scorer
-from helpsteer_jax.tasks import setup as setup_lib
-from helpsteer_jax.tasks import summary as summary_lib
 
 
 def _warn(report: BadRecordReport, what: str) -> int:

@@ -33,12 +33,12 @@ from helpsteer_jax.data import chat_template
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import loading
 from helpsteer_jax.models import hf, reward_hf
+from helpsteer_jax.runs import expo_sources
+from helpsteer_jax.runs import setup as setup_lib
+from helpsteer_jax.runs import summary as summary_lib
+from helpsteer_jax.runs.expo_sources import REWARD, Source
 from helpsteer_jax.scoring import load as scoring_load
 from helpsteer_jax.scoring import reward_model
-from helpsteer_jax.tasks import expo_sources
-from helpsteer_jax.tasks import setup as setup_lib
-from helpsteer_jax.tasks import summary as summary_lib
-from helpsteer_jax.tasks.expo_sources import REWARD, Source
 
 # What a source's HF export carries beyond the weights writer's own files (the SteerLM
 # training export adds them): config.json's steerlm section, the turn marker as an EOS id.

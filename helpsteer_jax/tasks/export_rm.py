@@ -14,9 +14,9 @@ import pathlib
 import ml_collections
 
 from helpsteer_jax.models import reward_hf
+from helpsteer_jax.runs import setup as setup_lib
+from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.scoring import reward_model
-from helpsteer_jax.tasks import setup as setup_lib
-from helpsteer_jax.tasks import summary as summary_lib
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:

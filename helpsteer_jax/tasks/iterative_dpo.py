@@ -1,6 +1,6 @@
 """Iterative DPO (HelpSteer2 paper): sample, pick best and worst by reward, DPO; repeat.
 
-Each round (`tasks.rounds`) samples `sampling.responses` answers per prompt with
+Each round (`runs.rounds`) samples `sampling.responses` answers per prompt with
 the round's policy (temperature 0.7, top-p 0.9 by default), scores them with the
 attribute model's weighted reward (`inference.best_of_n`, the rows in
 `iteration_<r>/samples.jsonl`), pairs each prompt's best against its worst
@@ -27,17 +27,17 @@ from helpsteer_jax.inference import best_of_n, steering
 from helpsteer_jax.inference.sampling import SamplingConfig
 from helpsteer_jax.losses.dpo2d import SEQUENCE_LOSSES
 from helpsteer_jax.resume import append_batches
+from helpsteer_jax.runs import policy, preference, prompts, rounds
+from helpsteer_jax.runs import setup as setup_lib
+from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.scoring import rewards as scoring_rewards
 from helpsteer_jax.scoring.load import load_scorer
-from helpsteer_jax.tasks import dpo2d, policy, rl, rounds
-from helpsteer_jax.tasks import setup as setup_lib
-from helpsteer_jax.tasks import summary as summary_lib
 from helpsteer_jax.train import loop
 
 SAMPLES, PAIRS, EVAL = "samples.jsonl", "pairs.jsonl", "eval.json"
 # A round's step is dpo2d's (whole-response pairs, the configured reference mode).
-batch_schema = dpo2d.batch_schema
-abstract_train_step = dpo2d.abstract_train_step
+batch_schema = preference.batch_schema
+abstract_train_step = preference.abstract_train_step
 
 
 def check(config: ml_collections.ConfigDict) -> None:
@@ -60,10 +60,10 @@ def check(config: ml_collections.ConfigDict) -> None:
 
 
 def _requests(config, attributes, which: str) -> list[steering.Request]:
-  """The train or eval prompts (`rl`'s), every one asking for the run's attributes (the
-  pairs train under that one label)."""
+  """The train or eval prompts (`runs.prompts`), every one asking for the run's attributes
+  (the pairs train under that one label)."""
   path = config.prompts.train_path if which == "train" else config.prompts.eval_path
-  requests = rl.read_requests(path, which, attributes, config)
+  requests = prompts.read_requests(path, which, attributes, config)
   for r in requests:
     r.attributes = dict(attributes)
   return requests[:config.prompts.eval_limit or None] if which == "eval" else requests
@@ -129,7 +129,7 @@ def train_round(config, setup, r: int, pairs: pathlib.Path, label: str) -> dict:
   sub = rounds.round_config(config, setup.workdir, r)
   sub.tokenizer = setup.tokenizer_dir
   sub.data.update(train_path=str(pairs), validation_path="", response_label=label)
-  return dpo2d.run(sub, str(rounds.round_dir(setup.workdir, r)))
+  return preference.train(sub, str(rounds.round_dir(setup.workdir, r)))
 
 
 def evaluate(config, setup, r: int, requests, scorer, weights) -> float:

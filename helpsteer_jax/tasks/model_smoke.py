@@ -16,8 +16,8 @@ from flax import nnx
 from helpsteer_jax import runtime
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.models import builder
-from helpsteer_jax.tasks import setup as setup_lib
-from helpsteer_jax.tasks import summary as summary_lib
+from helpsteer_jax.runs import setup as setup_lib
+from helpsteer_jax.runs import summary as summary_lib
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:

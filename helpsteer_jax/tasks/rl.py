@@ -5,7 +5,7 @@ rows, HelpSteer2's rows included, or a text file), else the demo's prompt
 generator; each asks for the run's attribute values (the policy's own
 steerable attributes, `config.steer`), or for random ones of
 `prompts.sample_attributes`. The policy starts like 2D-DPO's
-(`tasks.policy`); the reference is the starting policy (with fresh LoRA
+(`runs.policy`); the reference is the starting policy (with fresh LoRA
 adapters: the same weights with the adapters off). The loop is
 `rl.trainer`'s; the HF export carries the policy source's chat template.
 """
@@ -17,76 +17,22 @@ import functools
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 from absl import logging
 
 from helpsteer_jax import processes, runtime
 from helpsteer_jax.data.batches import ROLLOUT_BATCH
-from helpsteer_jax.data.demo import rows as demo_rows
-from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import generator, steering
 from helpsteer_jax.models import builder
 from helpsteer_jax.rl import critic as critic_lib
 from helpsteer_jax.rl import objective, report, resident, settings
-from helpsteer_jax.rl.rollout import Prompt
 from helpsteer_jax.rl.trainer import RLTrainer
+from helpsteer_jax.runs import policy
+from helpsteer_jax.runs import prompts as prompts_lib
+from helpsteer_jax.runs import setup as setup_lib
+from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.scoring import rewards as scoring_rewards
 from helpsteer_jax.scoring.load import load_scorer
-from helpsteer_jax.tasks import policy
-from helpsteer_jax.tasks import setup as setup_lib
-from helpsteer_jax.tasks import summary as summary_lib
 from helpsteer_jax.train import abstract_step, export
-
-DEMO_TRAIN_SEED = 20_000  # the demo generator's seed for RL prompts (not the held-out one)
-
-
-def read_requests(path: str, which: str, attributes: dict, config) -> list[steering.Request]:
-  """The train or eval prompts (`path`, else the demo's), each prompt once."""
-  pc = config.prompts
-  if path:
-    requests = steering.read_requests(path, attributes, pc.system)
-    seen, unique = set(), []
-    for r in requests:  # HelpSteer2 rows repeat each prompt once per response
-      key = (r.prompt, tuple(sorted(r.attributes.items())))
-      if key not in seen:
-        seen.add(key)
-        unique.append(r)
-    return unique
-  texts = (demo_rows.heldout_prompts(pc.demo_train_prompts, DEMO_TRAIN_SEED)
-           if which == "train" else demo_rows.heldout_prompts())
-  return [steering.make_request(t, attributes, pc.system) for t in texts]
-
-
-def _sampled_attributes(requests: list[steering.Request], names: str, seed: int,
-                        salt: int) -> None:
-  """Draws each request's values of `names` (0..4) from (seed, salt, its index)."""
-  chosen = steering.attribute_names(names)
-  for i, r in enumerate(requests):
-    rng = np.random.default_rng([seed, salt, i])
-    r.attributes = steering.checked({**r.attributes, **{
-        n: int(rng.integers(0, 5)) for n in chosen}})
-
-
-def read_prompts(config: ml_collections.ConfigDict, attributes: dict, encode, max_prompt: int,
-                 which: str) -> list[Prompt]:
-  """The train or eval prompts, tokenized; those over `max_prompt` tokens are dropped."""
-  pc = config.prompts
-  path = pc.train_path if which == "train" else pc.eval_path
-  requests = read_requests(path, which, attributes, config)
-  if which == "eval" and pc.eval_limit:
-    requests = requests[:pc.eval_limit]
-  if pc.sample_attributes:
-    _sampled_attributes(requests, pc.sample_attributes, config.seed, 0 if which == "train" else 1)
-  prompts = [Prompt(r, encode(r.prompt_text())) for r in requests]
-  kept = [p for p in prompts if len(p.ids) <= max_prompt]
-  if len(kept) < len(prompts):
-    logging.warning("%s prompts: %d of %d are longer than %d tokens (train.seq_len -"
-                    " rollout.max_new_tokens) and are left out", which,
-                    len(prompts) - len(kept), len(prompts), max_prompt)
-  if which == "train" and not kept:
-    raise ConfigError(f"no training prompt fits in {max_prompt} tokens: raise train.seq_len"
-                      " or lower rollout.max_new_tokens")
-  return kept
 
 
 def _reference(config, s: settings.RLSettings, parts, rt, fresh_adapters: bool):
@@ -152,8 +98,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                          "RL-trained policy"), critic)
   encode = generator.Generator(trainer.engine, add_bos=ro.add_bos).encode
   max_prompt = config.train.seq_len - s.max_new_tokens
-  trainer.train_prompts = read_prompts(config, attributes, encode, max_prompt, "train")
-  trainer.eval_prompts = read_prompts(config, attributes, encode, max_prompt, "eval")
+  trainer.train_prompts = prompts_lib.read_prompts(config, attributes, encode, max_prompt, "train")
+  trainer.eval_prompts = prompts_lib.read_prompts(config, attributes, encode, max_prompt, "eval")
   logging.info("rl: %s, %d training prompts, %d eval prompts, attributes %s", s.algorithm.name,
                len(trainer.train_prompts), len(trainer.eval_prompts), attributes or "none")
   result = trainer.run()

@@ -20,9 +20,9 @@ import ml_collections
 from absl import logging
 
 from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.runs import setup as setup_lib
 from helpsteer_jax.serve import app as app_lib
 from helpsteer_jax.serve import backend, guard
-from helpsteer_jax.tasks import setup as setup_lib
 
 API_KEY_ENV = "HELPSTEER_API_KEY"
 ABORT_GRACE_SECONDS = 5  # after the drain time: for the aborted requests' answers to go out

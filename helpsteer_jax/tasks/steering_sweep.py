@@ -23,10 +23,10 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.eval import mt_bench_data, sweep_report
 from helpsteer_jax.eval import steering_sweep as sweep_lib
 from helpsteer_jax.inference import loading, steering
+from helpsteer_jax.runs import generation
+from helpsteer_jax.runs import setup as setup_lib
 from helpsteer_jax.scoring.load import load_scorer
 from helpsteer_jax.scoring.scorer import Scorer
-from helpsteer_jax.tasks import generate
-from helpsteer_jax.tasks import setup as setup_lib
 
 GENERATIONS_FILE = "sweep_generations.jsonl"
 
@@ -48,7 +48,7 @@ def read_prompts(config: ml_collections.ConfigDict, defaults: dict[str, int]
                for q in mt_bench_data.read_questions(path)]
     source = f"MT-Bench first turns ({path})"
   else:
-    prompts = generate.read_input(config, defaults)
+    prompts = generation.read_input(config, defaults)
     source = config.input or "held-out demo prompts"
   return prompts[:config.prompt_limit or None], source
 
@@ -68,11 +68,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   grid = sweep_lib.settings(defaults, swept, values)
   prompts, source = read_prompts(config, defaults)
   requests = sweep_lib.sweep_requests(prompts, grid)
-  sampling = generate.sampling_config(config)
+  sampling = generation.sampling_config(config)
 
   setup = setup_lib.prepare(config, workdir, tokenizer=False, model=False)
   scorer = sweep_scorer(config, setup.rt)
-  generator = generate.build_generator(config, setup.rt, workdir)
+  generator = generation.build_generator(config, setup.rt, workdir)
   out_path = workdir / GENERATIONS_FILE
   start = time.perf_counter()
   done = sweep_lib.generate_rows(

@@ -1,6 +1,6 @@
 """SteerLM 2.0: iterated training of Q_θ(y|a,x) toward P(y|a,x) ∝ P(a|x,y) P(y|x).
 
-Each round (`tasks.rounds`) answers its prompts, each under a requested
+Each round (`runs.rounds`) answers its prompts, each under a requested
 attribute string a, with n sampled responses of the round's starting model
 Q' (the AC-SFT model in round 1, the last round's result after), and writes
 NeMo-Aligner's SteerLM 2.0 JSONL (`data.formats.steerlm2`) with, per response,
@@ -48,11 +48,11 @@ from helpsteer_jax.inference.sampling import SamplingConfig
 from helpsteer_jax.losses import steerlm2 as loss_lib
 from helpsteer_jax.models import builder
 from helpsteer_jax.resume import append_batches
+from helpsteer_jax.runs import policy, rounds
+from helpsteer_jax.runs import setup as setup_lib
+from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.scoring import rewards as scoring_rewards
 from helpsteer_jax.scoring.load import load_scorer
-from helpsteer_jax.tasks import policy, rounds
-from helpsteer_jax.tasks import setup as setup_lib
-from helpsteer_jax.tasks import summary as summary_lib
 from helpsteer_jax.train import abstract_step, export, loop
 
 SAMPLES, SWEEP_ROWS = "samples.jsonl", "sweep_generations.jsonl"

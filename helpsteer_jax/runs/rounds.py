@@ -28,7 +28,7 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.generator import Generator, make_engine
 from helpsteer_jax.rl.rollout import prompt_schedule
-from helpsteer_jax.tasks import policy
+from helpsteer_jax.runs import policy
 from helpsteer_jax.train import state as state_lib
 
 SUMMARY = "summary.json"
