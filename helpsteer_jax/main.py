@@ -56,9 +56,26 @@ def _unknown_key_hint(argv: list[str]) -> str:
       if not hasattr(node, "keys") or key not in node:
         where = "config." + ".".join(keys[:depth]) if depth else "config"
         valid = ", ".join(sorted(node.keys())) if hasattr(node, "keys") else "(not a section)"
-        return f"unknown key {'.'.join(keys)!r}: {where} has keys {valid}"
+        close = _closest_key(config, keys)
+        guess = f"did you mean {close!r}? " if close else ""
+        return f"unknown key {'.'.join(keys)!r}: {guess}{where} has keys {valid}"
       node = node[key]
   return ""
+
+
+def _closest_key(config, keys: list[str]) -> str:
+  """The existing dotted key nearest to `keys` (a typo in any part), or ""."""
+  import difflib
+
+  def leaves(node, prefix=()):
+    for k in node.keys():
+      value = node[k]
+      yield ".".join(prefix + (k,))
+      if hasattr(value, "keys"):
+        yield from leaves(value, prefix + (k,))
+
+  found = difflib.get_close_matches(".".join(keys), list(leaves(config)), n=1, cutoff=0.8)
+  return found[0] if found else ""
 
 
 def _program(argv0: str) -> str:

@@ -13,8 +13,10 @@ that same layout, so every reader takes them as a run.
 
 from __future__ import annotations
 
+import contextlib
+import logging as std_logging
 import pathlib
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import orbax.checkpoint as ocp
@@ -26,6 +28,26 @@ from helpsteer_jax.models.hf import TOKENIZER_FILES
 # Names inside a training workdir (train/checkpoint.py writes CHECKPOINTS, the
 # export HF_EXPORT, tasks without an HF tokenizer DEMO_TOKENIZER).
 CHECKPOINTS, HF_EXPORT, DEMO_TOKENIZER = "checkpoints", "hf", "demo_tokenizer"
+
+
+class _NoItemMetadataNotice(std_logging.Filter):
+  """Orbax warns that an item directory (`<step>/state`) has no `_CHECKPOINT_METADATA`
+  whenever one is read on its own: the file belongs to the step directory, so the
+  notice is expected there and reads like an error."""
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Metadata file does not exist")
+
+
+@contextlib.contextmanager
+def item_reads() -> Iterator[None]:
+  """Reads of one checkpoint item, without Orbax's expected missing-metadata notice."""
+  logger, notice = std_logging.getLogger("absl"), _NoItemMetadataNotice()
+  logger.addFilter(notice)
+  try:
+    yield
+  finally:
+    logger.removeFilter(notice)
 
 
 def _steps(directory: pathlib.Path) -> list[int]:
@@ -40,7 +62,9 @@ def checkpoint_dir(path: str | pathlib.Path) -> pathlib.Path:
     if _steps(directory):
       return directory
   raise ConfigError(f"no Orbax checkpoint in {path} (expected <workdir>/{CHECKPOINTS}/<step>"
-                    " written by a training task); train one first or fix the path")
+                    " written by a training task); train one first (`helpsteer-jax --help`"
+                    " says which task writes it: `helpsteer-jax --config=acsft` writes"
+                    " workdir/acsft, the aligning tasks' default start) or fix the path")
 
 
 def resolve(path: str | pathlib.Path, step: int | None = None) -> tuple[pathlib.Path, int]:
@@ -78,7 +102,8 @@ def _state_path(directory: pathlib.Path, step: int) -> pathlib.Path:
 
 def params_metadata(directory: pathlib.Path, step: int) -> Any:
   """The saved `params` tree of a checkpoint, as array metadata (shapes, dtypes)."""
-  metadata = ocp.PyTreeCheckpointer().metadata(_state_path(directory, step))
+  with item_reads():
+    metadata = ocp.PyTreeCheckpointer().metadata(_state_path(directory, step))
   tree = getattr(metadata, "item_metadata", metadata)
   tree = getattr(tree, "tree", tree)
   return tree["params"]
@@ -120,7 +145,7 @@ def restore_params(path: str | pathlib.Path, abstract_params: Any,
   args = ocp.args.PyTreeRestore(
       item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
       partial_restore=True)
-  with ocp.PyTreeCheckpointer() as checkpointer:
+  with item_reads(), ocp.PyTreeCheckpointer() as checkpointer:
     restored = checkpointer.restore(_state_path(directory, step), args=args)
   logging.info("restored the parameters of step %d from %s", step, directory)
   return restored["params"], step

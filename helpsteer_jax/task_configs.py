@@ -15,6 +15,7 @@ from typing import Any
 from helpsteer_jax.errors import ConfigError
 
 PACKAGED = pathlib.Path(__file__).resolve().with_name("configs")
+DEFAULT_WORKDIR = "workdir"  # a task's outputs go to <DEFAULT_WORKDIR>/<task> by default
 
 
 def split_spec(spec: str) -> tuple[str, str]:
@@ -75,16 +76,31 @@ def check_renamed(spec: str, keys: list[str]) -> None:
       raise ConfigError(f"--config.{key} is now --config.{new}")
 
 
-def packaged_tasks() -> list[tuple[str, str, tuple[str, ...]]]:
-  """(task file name, its docstring's first paragraph, its presets) of every packaged config."""
+def packaged_tasks() -> list[tuple[str, str, tuple[str, ...], tuple[str, ...]]]:
+  """(task file name, its docstring's first paragraph, its presets, the tasks whose default
+  output its default config reads) of every packaged config."""
   tasks = []
+  names = {p.stem for p in PACKAGED.glob("*.py")}
   for path in sorted(PACKAGED.glob("*.py")):
     if path.name.startswith("_"):
       continue
     module = load(path)
     summary = " ".join((module.get("__doc__") or "").strip().split("\n\n")[0].split())
-    tasks.append((path.stem, summary, tuple(module.get("PRESETS", ()))))
+    needs = tuple(sorted(t for t in _default_outputs_read(module["get_config"]())
+                         if t in names and t != path.stem))
+    tasks.append((path.stem, summary, tuple(module.get("PRESETS", ())), needs))
   return tasks
+
+
+def _default_outputs_read(config: Any) -> set[str]:
+  """The tasks `workdir/<task>` names among a config's string values (its default inputs)."""
+  found = set()
+  for value in config.values():
+    if hasattr(value, "values"):
+      found |= _default_outputs_read(value)
+    elif isinstance(value, str) and value.startswith(DEFAULT_WORKDIR + "/"):
+      found.add(value[len(DEFAULT_WORKDIR) + 1:].split("/")[0])
+  return found
 
 
 def help_text(program: str) -> str:
@@ -94,15 +110,20 @@ def help_text(program: str) -> str:
       "",
       "TASK is one of the tasks below or the path of a config file (configs/acsft.py);",
       "PRESET one of its presets (the first is the default). --config.KEY=VALUE overrides",
-      "any field of the config; --helpfull lists every flag.",
+      "any field of the config; --helpfull lists every flag. A task writes its outputs to",
+      f"--workdir, by default ./{DEFAULT_WORKDIR}/TASK; \"after:\" names the tasks whose default",
+      "outputs a task's defaults read (run those first, or point the task elsewhere).",
       "",
       "tasks:",
   ]
   indent = " " * 23
-  for name, summary, presets in packaged_tasks():
+  for name, summary, presets, needs in packaged_tasks():
     lines += textwrap.wrap(summary, 100, initial_indent=f"  {name:<20} ",
                            subsequent_indent=indent)
     if presets:
       lines += textwrap.wrap("presets: " + ", ".join(presets), 100, initial_indent=indent,
                              subsequent_indent=indent + "  ")
+    if needs:
+      lines.append(f"{indent}after: " + ", ".join(
+          f"{t} (reads ./{DEFAULT_WORKDIR}/{t})" for t in needs))
   return "\n".join(lines)

@@ -52,6 +52,35 @@ def test_unknown_config_key_lists_valid_keys():
   assert "num_layers" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_misspelt_key_suggests_the_closest_one():
+  proc = run_main("--config=configs/model_smoke.py", "--config.mdoel.num_layers=3", check=False)
+  assert proc.returncode == 2
+  assert "unknown key 'mdoel.num_layers': did you mean 'model.num_layers'?" in proc.stderr
+  proc = run_main("--config=configs/model_smoke.py", "--config.zzz=3", check=False)
+  assert "did you mean" not in proc.stderr and "config has keys" in proc.stderr
+
+
+@pytest.mark.parametrize("arg, message", [
+    ("--config.train.num_steps=-1", "train.num_steps=-1 must be at least 1"),
+    ("--config.train.global_batch=0", "train.global_batch=0 must be at least 1"),
+    ("--config.train.eval_every=-5", "train.eval_every=-5 must be at least 0"),
+])
+def test_bad_training_counts_fail_before_anything_is_written(tmp_path, arg, message):
+  work = tmp_path / "run"
+  proc = run_main("--config=configs/acsft.py", f"--workdir={work}", arg, check=False)
+  assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+  assert "Traceback" not in proc.stderr
+  assert not work.exists() or not any(work.iterdir()), sorted(work.iterdir())
+
+
+def test_a_missing_run_names_the_task_that_writes_it(tmp_path):
+  proc = run_main("--config=configs/rl.py", f"--workdir={tmp_path / 'rl'}",
+                  f"--config.init.checkpoint={tmp_path / 'acsft'}", check=False)
+  assert proc.returncode == 2
+  assert "no Orbax checkpoint in" in proc.stderr
+  assert "helpsteer-jax --config=acsft" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_unknown_task_lists_valid_tasks():
   proc = run_main("--config=configs/model_smoke.py", "--config.task=nope", check=False)
   assert proc.returncode == 2

@@ -29,11 +29,17 @@ needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
 def test_help_lists_every_task_and_its_presets():
   proc = run_main("--help")
   assert proc.stdout.startswith("usage: python -m helpsteer_jax.main --config=TASK[:PRESET]")
-  for name, _, presets in task_configs.packaged_tasks():
+  for name, _, presets, _ in task_configs.packaged_tasks():
     assert f"\n  {name} " in proc.stdout
   assert "presets: demo, llama2_70b, llama3_70b, llama3_8b, smollm2_135m" in proc.stdout
   names = {p.stem for p in (REPO_ROOT / "configs").glob("*.py") if not p.name.startswith("_")}
-  assert names == {name for name, _, _ in task_configs.packaged_tasks()}
+  assert names == {name for name, *_ in task_configs.packaged_tasks()}
+  assert "by default ./workdir/TASK" in proc.stdout
+  needs = {name: after for name, _, _, after in task_configs.packaged_tasks()}
+  # The aligning demos start from the AC-SFT run; the RM tools read the attribute model's.
+  assert needs["rl"] == needs["steerlm2"] == needs["iterative_dpo"] == ("acsft",)
+  assert needs["evaluate_rm"] == ("attribute_model",) and needs["acsft"] == ()
+  assert "after: acsft (reads ./workdir/acsft)" in proc.stdout
 
 
 def test_an_unknown_preset_is_one_line_naming_the_presets():
@@ -48,7 +54,7 @@ def test_an_unknown_preset_is_one_line_naming_the_presets():
 
 
 def test_every_config_declares_presets_its_get_config_accepts():
-  for name, _, presets in task_configs.packaged_tasks():
+  for name, _, presets, _ in task_configs.packaged_tasks():
     module = task_configs.load(task_configs.PACKAGED / f"{name}.py")
     assert presets, name
     for preset in presets[:2]:

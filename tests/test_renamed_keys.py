@@ -9,7 +9,7 @@ from conftest import REPO_ROOT
 
 def _configs_with_renamed_keys():
   cases = []
-  for name, _, _ in task_configs.packaged_tasks():
+  for name, *_ in task_configs.packaged_tasks():
     path = REPO_ROOT / "configs" / f"{name}.py"
     for old in task_configs.load(path).get("RENAMED", {}):
       cases.append((name, old))
@@ -68,7 +68,7 @@ TWO_MODEL_TASKS = {"expo"}
 
 
 def test_every_task_with_a_model_names_its_weights_in_config_init_and_its_model_by_name():
-  for name, _, _ in task_configs.packaged_tasks():
+  for name, *_ in task_configs.packaged_tasks():
     config = _default_config(name)
     if "model" not in config or name in TWO_MODEL_TASKS:
       continue

@@ -21,9 +21,27 @@ def read_metrics(workdir: str | pathlib.Path) -> list[dict]:
   return out
 
 
-def eval_rewards(records: list[dict]) -> dict[int, float]:
-  """{iteration: greedy eval reward}, the last record of each iteration winning."""
-  return {r["step"]: r["eval_reward"] for r in records if "eval_reward" in r}
+def eval_rewards(records: list[dict], name: str = "reward") -> dict[int, float]:
+  """{iteration: the greedy eval's `name` (reward, steer_distance, ...)}, the last record
+  of each iteration winning."""
+  return {r["step"]: r[f"eval_{name}"] for r in records if f"eval_{name}" in r}
+
+
+def progress_line(records: list[dict], prompts: int) -> str:
+  """The greedy evals' first and last reward and steering distance, with their
+  iterations: `greedy reward on N held-out prompts 2.226 (iteration 0) -> 3.332
+  (iteration 40); steering distance 1.640 -> 2.220`."""
+  rewards = eval_rewards(records)
+  if not rewards:
+    return "no greedy evaluation yet"
+  first, last = min(rewards), max(rewards)
+  line = f"greedy reward on {prompts} held-out prompts {rewards[first]:.3f} (iteration {first})"
+  line += (f" -> {rewards[last]:.3f} (iteration {last})" if last != first
+           else ", not evaluated since")
+  distance = eval_rewards(records, "steer_distance")
+  if first in distance and last in distance and last != first:
+    line += f"; steering distance {distance[first]:.3f} -> {distance[last]:.3f}"
+  return line
 
 
 def plot_curves(workdir: str | pathlib.Path) -> pathlib.Path | None:

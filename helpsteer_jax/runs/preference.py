@@ -211,5 +211,6 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   summary_lib.write_summary(
       workdir / "summary.json", summary,
       f"{summary_lib.result_line(config, result, loss=f'{cfg.loss_type} loss')}; reward accuracy"
-      f" {accuracy:.3f}; eval {result.eval_metrics}")
+      f" {accuracy:.3f}{summary_lib.metrics_text(result.eval_metrics)}",
+      outputs=summary_lib.run_outputs(workdir))
   return summary

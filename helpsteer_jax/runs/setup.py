@@ -17,6 +17,7 @@ import ml_collections
 
 from helpsteer_jax import runtime
 from helpsteer_jax.data.demo import rows as demo_rows
+from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import hf
 from helpsteer_jax.models.config import ModelConfig
 
@@ -32,7 +33,9 @@ class TaskSetup:
 
 def prepare(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
             tokenizer: bool = True, model: bool = True) -> TaskSetup:
-  """Mesh and rules, the workdir checked, the tokenizer loaded and checked against the model."""
+  """Mesh and rules, the workdir checked, the tokenizer loaded and checked against the model;
+  before any of it (and before anything is written), the training counts checked."""
+  check_train_counts(config)
   setup = TaskSetup(pathlib.Path(workdir), runtime.setup(config))
   runtime.check_workdir(setup.workdir)
   if tokenizer:
@@ -43,6 +46,26 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
     if tokenizer:
       runtime.check_tokenizer_fits(setup.tokenizer, setup.model_cfg.vocab_size)
   return setup
+
+
+# train.* counts that must be positive, and those for which 0 means never / all
+_AT_LEAST_ONE = ("num_steps", "global_batch", "micro_batch", "seq_len", "log_every",
+                 "save_every")
+_AT_LEAST_ZERO = ("eval_every", "eval_batches")
+
+
+def check_train_counts(config: ml_collections.ConfigDict) -> None:
+  """ConfigError naming every `train.*` count out of range (a task without a train
+  section passes)."""
+  tc = config.get("train")
+  if tc is None:
+    return
+  problems = [f"train.{k}={tc[k]} must be at least 1" for k in _AT_LEAST_ONE
+              if k in tc and int(tc[k]) < 1]
+  problems += [f"train.{k}={tc[k]} must be at least 0" for k in _AT_LEAST_ZERO
+               if k in tc and int(tc[k]) < 0]
+  if problems:
+    raise ConfigError("; ".join(problems))
 
 
 def _configured_or_demo(config: ml_collections.ConfigDict, workdir: pathlib.Path, marker: str,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+from typing import Mapping
 
 import ml_collections
 import numpy as np
@@ -25,13 +26,38 @@ def _plain(x):
   return x
 
 
-def write_summary(path: str | pathlib.Path, summary: dict, *lines: str) -> None:
-  """Process 0 writes `summary` to `path` (indented JSON) and prints `lines`."""
+def write_summary(path: str | pathlib.Path, summary: dict, *lines: str,
+                  outputs: Mapping[str, str | pathlib.Path] | None = None) -> None:
+  """Process 0 writes `summary` to `path` (indented JSON), prints `lines`, then what the
+  run wrote and where: each of `outputs` ({what: path}) that exists, and the summary."""
   if not processes.is_primary():
     return
   pathlib.Path(path).write_text(json.dumps(_plain(summary), indent=2) + "\n")
   for line in lines:
     print(line)
+  print(outputs_text({**(outputs or {}), "summary": path}))
+
+
+def outputs_text(outputs: Mapping[str, str | pathlib.Path]) -> str:
+  """`wrote:` and one `  what  path` line per output that exists (directories end in /)."""
+  shown = [(what, pathlib.Path(p)) for what, p in outputs.items() if pathlib.Path(p).exists()]
+  width = max((len(what) for what, _ in shown), default=0)
+  return "\n".join(["wrote:"] + [f"  {what:<{width}}  {p}{'/' if p.is_dir() else ''}"
+                                  for what, p in shown])
+
+
+def run_outputs(workdir: str | pathlib.Path) -> dict[str, pathlib.Path]:
+  """A training run's usual outputs: the HF export, checkpoints, metrics.jsonl."""
+  workdir = pathlib.Path(workdir)
+  return {"HF model": workdir / "hf", "checkpoints": workdir / "checkpoints",
+          "metrics": workdir / "metrics.jsonl"}
+
+
+def metrics_text(metrics: Mapping[str, float], prefix: str = "eval") -> str:
+  """`; eval loss 1.2345, accuracy 0.5000` ("" when there are none)."""
+  if not metrics:
+    return ""
+  return f"; {prefix} " + ", ".join(f"{k} {float(v):.4f}" for k, v in metrics.items())
 
 
 def training_summary(result, **extra) -> dict:

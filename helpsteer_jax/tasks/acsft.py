@@ -121,7 +121,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       "bad_records": bad_records.counts})
   summary_lib.write_summary(
       setup.workdir / "summary.json", summary,
-      f"{summary_lib.result_line(config, result)}; eval {result.eval_metrics}",
+      f"{summary_lib.result_line(config, result)}{summary_lib.metrics_text(result.eval_metrics)}",
       f"data: {train_report.summary()}; packing efficiency {100 * fill:.1f}%;"
-      f" {bad_records.summary()}")
+      f" {bad_records.summary()}", outputs=summary_lib.run_outputs(setup.workdir))
   return summary

@@ -136,5 +136,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       f"annotate: {counts['written']} rows written to {out_path}"
       f" ({counts['already_written']} already there, {counts['turns']} turns scored,"
       f" {counts['unscored_turns']} too long to score, {report.total} bad records"
-      f"{': ' + report.summary() if report.total else ''})")
+      f"{': ' + report.summary() if report.total else ''})",
+      outputs={"SteerLM jsonl": out_path})
   return counts

@@ -160,5 +160,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                     data=data_report)
   summary_lib.write_summary(workdir / "summary.json", summary,
                        summary_lib.result_line(config, result, f"{config.task} ({config.loss})"),
-                       *([table] if table else []))
+                       *([table] if table else []),
+                       outputs={"head": workdir / "head.npz", **summary_lib.run_outputs(workdir)})
   return summary

@@ -58,5 +58,5 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     helpsteer_2d.write_2d(out, built, HELPSTEER_ATTRIBUTES)
   summary_lib.write_summary(workdir / "build_2d.json", summary,
-                       f"build_2d: wrote {len(built)} pairs to {out}")
+                       f"build_2d: {len(built)} pairs", outputs={"HelpSteer-2D pairs": out})
   return summary

@@ -153,8 +153,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
              "attributes": attributes, "judge": config.judge.kind}
   if config.judge.kind == "none":
     summary_lib.write_summary(workdir / "mt_bench.json", summary,
-                         f"evaluate_generation: answered {len(questions)} questions"
-                         f" -> {answers_path}")
+                         f"evaluate_generation: answered {len(questions)} questions",
+                         outputs={"answers": answers_path})
     return summary
 
   rows, info = _judge(config, questions, prompts, answers, setup, workdir, model_id)
@@ -166,7 +166,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     mt_bench_report.plot(table, workdir / "mt_bench.png", f"MT-Bench, {model_id}", score_name)
     summary.update(table=table, judge_requests=info["asked"])
     summary_lib.write_summary(workdir / "mt_bench.json", summary,
-                         mt_bench_report.show_result(table, model_id), md)
+                         mt_bench_report.show_result(table, model_id), md,
+                         outputs={"answers": answers_path,
+                                  "judgments": workdir / "judgments.jsonl",
+                                  "table": workdir / "mt_bench.md",
+                                  "plot": workdir / "mt_bench.png"})
   if info["failed"]:
     raise JudgingIncomplete(f"{info['failed']} judge requests failed after"
                             f" {config.judge.max_retries} retries (see the lines above); the"

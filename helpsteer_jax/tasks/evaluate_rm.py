@@ -144,8 +144,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     report = {"variants": evaluate_variants(config, setup.rt, variants, sets, weights),
               "bad_records": bad.total}
     summary_lib.write_summary(workdir / "rm_report.json", report,
-                              rm_report.variants_table(report["variants"]),
-                              f"evaluate_rm: report in {workdir / 'rm_report.json'}")
+                              rm_report.variants_table(report["variants"]))
     return report
 
   scorer = load_scorer(config.scorer, setup.rt)
@@ -171,5 +170,5 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     progress.close()
   multihost.report_split("evaluate_rm: sequences scored", scorer.local_rows)
   summary_lib.write_summary(workdir / "rm_report.json", report, "\n\n".join(tables),
-                       f"evaluate_rm: report in {workdir / 'rm_report.json'}")
+                            outputs={"plot": workdir / "rm_attributes.png"})
   return report

@@ -200,8 +200,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   summary_lib.write_summary(
       setup.workdir / "expo.json", summary,
       f"expo: {tuned.kind} extrapolated at alpha {', '.join(map(alpha_label, alphas))}"
-      f" -> {setup.workdir}/alpha_<alpha>/ (checkpoints/"
-      f"{', hf/' if config.expo.export_hf else ''}"
-      f"{', head.npz' if tuned.kind == REWARD else ''})")
+      f" (each: checkpoints/{', hf/' if config.expo.export_hf else ''}"
+      f"{', head.npz' if tuned.kind == REWARD else ''})",
+      outputs={f"alpha {alpha_label(a)}": setup.workdir / f"alpha_{alpha_label(a)}"
+               for a in alphas})
   return summary
 

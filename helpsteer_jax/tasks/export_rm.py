@@ -28,6 +28,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                    tokenizer=setup.tokenizer_dir)
   summary = {"output": str(out), "files": files, "dtype": config.dtype}
   summary_lib.write_summary(setup.workdir / "export_rm.json", summary,
-                       f"export_rm: wrote {out} ({len(files)} safetensors file(s),"
-                       f" {config.dtype})")
+                       f"export_rm: {len(files)} safetensors file(s), {config.dtype}",
+                       outputs={"HF sequence classifier": out})
   return summary

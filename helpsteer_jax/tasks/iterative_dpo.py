@@ -22,6 +22,7 @@ from absl import logging
 
 from helpsteer_jax import processes
 from helpsteer_jax.data import template
+from helpsteer_jax.data.records import HELPSTEER_ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import best_of_n, steering
 from helpsteer_jax.inference.sampling import SamplingConfig
@@ -142,17 +143,36 @@ def evaluate(config, setup, r: int, requests, scorer, weights) -> float:
                                 config.sampling.max_new_tokens, SamplingConfig())
   rewards = [res.candidates[0].reward for res in results]
   mean = float(np.nanmean(rewards))
+  attributes = {n: float(np.nanmean([res.candidates[0].scores[n] for res in results]))
+                for n in HELPSTEER_ATTRIBUTES}
   if processes.is_primary():
     (rdir / EVAL).write_text(json.dumps({
-        "reward": mean, "answers": [{"prompt": q.prompt, "response": res.response,
-                                     "reward": res.candidates[0].reward}
-                                    for q, res in zip(requests, results)]}, indent=1) + "\n")
+        "reward": mean, "attributes": attributes,
+        "answers": [{"prompt": q.prompt, "response": res.response,
+                     "reward": res.candidates[0].reward, "scores": res.candidates[0].scores}
+                    for q, res in zip(requests, results)]}, indent=1) + "\n")
   return mean
 
 
-def _eval_reward(rdir: pathlib.Path) -> float | None:
+def _eval(rdir: pathlib.Path) -> dict | None:
+  """Round r's greedy eval: its mean reward and mean prediction per attribute."""
   path = rdir / EVAL
-  return json.loads(path.read_text())["reward"] if path.exists() else None
+  if not path.exists():
+    return None
+  data = json.loads(path.read_text())
+  return {"reward": data["reward"], "attributes": data.get("attributes", {})}
+
+
+def _table(evals: dict[int, dict | None]) -> str:
+  names = next((list(e["attributes"]) for e in evals.values() if e), [])
+  rows = ["| iteration | greedy reward | " + " | ".join(names) + " |",
+          "|---|---|" + "---|" * len(names)]
+  for r, e in evals.items():
+    cells = (["-"] * (1 + len(names)) if e is None else
+             [f"{e['reward']:.3f}"] + [f"{e['attributes'].get(n, float('nan')):.2f}"
+                                       for n in names])
+    rows.append(f"| {r} | " + " | ".join(cells) + " |")
+  return "\n".join(rows)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -182,14 +202,19 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         status = result["status"]
         break
     evaluate(config, setup, r, held_out, scorer, weights)
-  rewards = {r: _eval_reward(rounds.round_dir(setup.workdir, r))
-             for r in range(config.iterations + 1)}
-  table = "\n".join(["| iteration | greedy reward |", "|---|---|"] + [
-      f"| {r} | {'-' if v is None else f'{v:.3f}'} |" for r, v in rewards.items()])
-  summary = {"status": status, "iterations": config.iterations, "eval_reward": rewards,
+  evals = {r: _eval(rounds.round_dir(setup.workdir, r)) for r in range(config.iterations + 1)}
+  table = _table(evals)
+  summary = {"status": status, "iterations": config.iterations,
+             "eval_reward": {r: e and e["reward"] for r, e in evals.items()},
+             "eval_attributes": {r: e and e["attributes"] for r, e in evals.items()},
              "table": table}
+  last = rounds.round_dir(setup.workdir, config.iterations)
   summary_lib.write_summary(
       setup.workdir / "summary.json", summary,
-      f"iterative_dpo: {status}; mean reward of greedy answers to {len(held_out)} held-out"
-      f" prompts per iteration (0 = the starting policy):\n{table}")
+      f"iterative_dpo: {status}; greedy answers to {len(held_out)} held-out prompts per"
+      f" iteration (0 = the starting policy): mean reward and mean prediction per"
+      f" attribute:\n{table}",
+      outputs={"greedy answers, iteration 0": rounds.round_dir(setup.workdir, 0) / EVAL,
+               f"greedy answers, iteration {config.iterations}": last / EVAL,
+               "last round's pairs": last / PAIRS, "last round's HF model": last / "hf"})
   return summary

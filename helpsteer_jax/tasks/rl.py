@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
-from helpsteer_jax import processes, runtime
+from helpsteer_jax import runtime
 from helpsteer_jax.data.batches import ROLLOUT_BATCH
 from helpsteer_jax.inference import generator, steering
 from helpsteer_jax.models import builder
@@ -105,21 +105,28 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   result = trainer.run()
   trainer.close()
 
-  evals = report.eval_rewards(report.read_metrics(workdir))
+  records = report.read_metrics(workdir)
+  evals = report.eval_rewards(records)
+  distances = report.eval_rewards(records, "steer_distance")
   before = evals.get(0, float("nan"))
   after = evals.get(max(evals), float("nan")) if evals else float("nan")
   plot = report.plot_curves(workdir)
   summary = {"status": result.status, "iteration": result.step,
              "algorithm": s.algorithm.name, "train": result.last_metrics,
              "eval_reward_before": before, "eval_reward_after": after,
+             "eval_steer_distance_before": distances.get(0, float("nan")),
+             "eval_steer_distance_after": (distances.get(max(distances), float("nan"))
+                                           if distances else float("nan")),
              "eval": result.eval_history, "plot": str(plot) if plot else None}
+  resume = ("; preempted: rerun the same command to resume" if result.status == "preempted"
+            else "")
   summary_lib.write_summary(
       workdir / "summary.json", summary,
-      f"rl: {result.status} at iteration {result.step} ({s.algorithm.name}); greedy reward on"
-      f" {len(trainer.eval_prompts)} held-out prompts {before:.3f} -> {after:.3f}; KL"
-      f" {result.last_metrics.get('kl', float('nan')):.3f}")
-  if processes.is_primary() and plot:
-    print(f"rl: curves -> {plot}")
+      f"rl: {result.status} at iteration {result.step} ({s.algorithm.name});"
+      f" {report.progress_line(records, len(trainer.eval_prompts))}; KL"
+      f" {result.last_metrics.get('kl', float('nan')):.3f}{resume}",
+      outputs={"curves": workdir / "rl_curves.png", "samples": workdir / "samples",
+               **summary_lib.run_outputs(workdir)})
   return summary
 
 

@@ -370,9 +370,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   summary = {"status": status, "iterations": config.iterations}
   if processes.is_primary():
     summary.update(_report(config, setup.workdir))
+  last = rounds.round_dir(setup.workdir, config.iterations)
   summary_lib.write_summary(
       setup.workdir / "summary.json", summary,
       f"steerlm2: {status}; attribute adherence on held-out requests (mean absolute error of"
       f" the attribute model's predictions to the requested values):\n"
-      f"{summary.get('table', '')}\nsteering sweeps:\n{summary.get('sweep_table', '')}")
+      f"{summary.get('table', '')}\nsteering sweeps:\n{summary.get('sweep_table', '')}",
+      outputs={"adherence (held-out requests)": setup.workdir / "adherence_requests.md",
+               "adherence (sweeps)": setup.workdir / sweep_report.COMPARE_TABLE,
+               "adherence plot": setup.workdir / sweep_report.COMPARE_PLOT,
+               "last round": last, "last round's HF model": last / "hf"})
   return summary

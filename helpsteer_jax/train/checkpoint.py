@@ -22,7 +22,7 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
-from helpsteer_jax import processes
+from helpsteer_jax import processes, saved_params
 from helpsteer_jax.errors import ConfigError
 
 
@@ -197,7 +197,8 @@ def _state_path(directory: pathlib.Path, step: int) -> pathlib.Path:
 
 
 def _saved_state_metadata(directory: pathlib.Path, step: int) -> Any:
-  return ocp.StandardCheckpointer().metadata(_state_path(directory, step)).item_metadata
+  with saved_params.item_reads():
+    return ocp.StandardCheckpointer().metadata(_state_path(directory, step)).item_metadata
 
 
 def _array_shapes(tree: Any) -> list[tuple[int, ...]]:
