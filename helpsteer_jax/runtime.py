@@ -61,10 +61,12 @@ def model_config(config: ml_collections.ConfigDict, weights: bool = True) -> Mod
   return build_model_config(config.model)
 
 
-def build_model(config: ml_collections.ConfigDict, rt: Runtime) -> nnx.Module:
-  """The sharded model: imported from `init.hf_path` or randomly initialised, with
-  LoRA adapters (`model.lora`: fresh, or read from `model.lora.adapter`) when set."""
-  cfg = model_config(config)
+def build_model(config: ml_collections.ConfigDict, rt: Runtime,
+                cfg: ModelConfig | None = None) -> nnx.Module:
+  """The sharded model: imported from `init.hf_path` or randomly initialised (as `cfg`,
+  default `model_config(config)`), with LoRA adapters (`model.lora`: fresh, or read from
+  `model.lora.adapter`) when set."""
+  cfg = cfg or model_config(config)
   builder.validate_model_on_mesh(cfg, rt.mesh, rt.rules)
   base_cfg = dataclasses.replace(cfg, lora=None)
   if config.init.hf_path:

@@ -22,11 +22,11 @@ from typing import Any
 import ml_collections
 from flax import nnx
 
-from helpsteer_jax import runtime, saved_params
+from helpsteer_jax import config_base, runtime, saved_params, weights
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.data import chat_template
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.models import builder, families, hf
+from helpsteer_jax.models import builder, hf
 
 
 def load_model(config: ml_collections.ConfigDict, rt: runtime.Runtime) -> nnx.Module:
@@ -43,11 +43,8 @@ def load_model(config: ml_collections.ConfigDict, rt: runtime.Runtime) -> nnx.Mo
     return builder.merge_adapters(runtime.build_model(config, rt))
   directory = saved_params.checkpoint_dir(config.init.checkpoint)
   shapes, step = saved_params.param_shapes(directory, config.init.step)
-  base = runtime.model_config(config)
-  inferred = families.for_config(base).shape_fields(shapes)
-  explicit = {k for k in inferred if config.model.get(k) is not None}
-  cfg = base.replace(
-      **{k: v for k, v in inferred.items() if k not in explicit})
+  explicit = [k for k in config_base.SHAPE_FIELDS if config.model.get(k) is not None]
+  cfg = weights.shaped_config(shapes, runtime.model_config(config), explicit)
   builder.validate_model_on_mesh(cfg, rt.mesh, rt.rules)
   graphdef, abstract = builder.abstract_model(cfg)
   shardings = nnx.to_pure_dict(builder.state_shardings(abstract, rt.mesh, rt.rules))
@@ -68,15 +65,6 @@ def load_with_tokenizer(config: ml_collections.ConfigDict, rt: runtime.Runtime,
 
 
 def steer_spec(config: ml_collections.ConfigDict) -> chat_template.SteerSpec | None:
-  """The steerable attributes the model's export (or its adapter) declares (None: it
-  declares none)."""
-  if config.model.lora.adapter:
-    spec = chat_template.read_spec(config.model.lora.adapter)
-    if spec is not None:
-      return spec
-  if config.init.hf_path:
-    return chat_template.read_spec(config.init.hf_path)
-  if config.init.checkpoint:
-    run = saved_params.run_dir(config.init.checkpoint)
-    return chat_template.read_spec(run / saved_params.HF_EXPORT)
-  return None
+  """The steerable attributes the model's source declares (`weights.steer_spec`, the one
+  rule; None: it declares none)."""
+  return weights.steer_spec(config)

@@ -1,30 +1,21 @@
-"""ExPO's two weight sources: what each one is, and whether the two can be combined.
+"""ExPO's two weight sources (`weights.Source`): whether the two can be combined.
 
 A source is an Orbax run directory of any training task (its latest
 checkpoint's `params`) or an HF directory (a causal LM, or the attribute
 model as a *ForSequenceClassification). It is a reward model when it holds
 the attribute model's head (an attribute_model run, an HF sequence
-classifier), else a policy. `inspect` reads only metadata (Orbax's array
-metadata, an HF config.json turned into abstract shapes), so that every
-problem is named before any weight is read or anything compiles.
+classifier), else a policy. Everything is read from metadata
+(`weights.inspect`), so that every problem is named before any weight is read
+or anything compiles; whole weights only (a LoRA run or an adapter is refused).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import pathlib
-
-import jax
-from flax import nnx
-
-from helpsteer_jax import saved_params
+from helpsteer_jax import saved_params, weights
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.models import builder, hf, reward_hf
 from helpsteer_jax.models.config import ModelConfig
-from helpsteer_jax.models.reward import reward_model
+from helpsteer_jax.weights import POLICY, REWARD, Source, param_name  # noqa: F401 - ExPO's API
 
-POLICY, REWARD = "policy", "reward model"
 # What an Orbax run takes from `model.name` (its shapes come from the checkpoint): the
 # knobs that change the function and the written config.json.
 FAMILY_KNOBS = ("hf_model_type", "rms_norm_eps", "rope_theta", "rope_scaling", "attention_bias",
@@ -37,104 +28,15 @@ LORA_REFUSED = (
     " pass that HF directory instead")
 
 
-@dataclasses.dataclass(frozen=True)
-class Source:
-  """One side of the extrapolation, known from its metadata alone.
-
-  `shapes` / `dtypes` map each parameter's path ("backbone/layers/attn/q/kernel")
-  to its saved shape and dtype; `step` is the Orbax step read (None: HF).
-  """
-  key: str
-  path: pathlib.Path
-  kind: str
-  hf: bool
-  shapes: dict[str, tuple[int, ...]]
-  dtypes: dict[str, str]
-  step: int | None = None
-  hf_config: ModelConfig | None = None  # an HF source's, or the run's hf/ export's
-
-  @property
-  def export_dir(self) -> pathlib.Path | None:
-    """The HF directory of this model: itself, or the run's `hf/` export if it has one."""
-    if self.hf:
-      return self.path
-    export = saved_params.run_dir(self.path) / saved_params.HF_EXPORT
-    return export if (export / "config.json").is_file() else None
-
-  @property
-  def tokenizer_dir(self) -> pathlib.Path | None:
-    if self.hf:
-      return self.path if saved_params.has_tokenizer(self.path) else None
-    return saved_params.run_tokenizer_dir(self.path)
-
-  @property
-  def hf_dtype(self) -> str:
-    """The dtype its weights are stored in (the most common one: a reward head is fp32)."""
-    values = list(self.dtypes.values())
-    return max(set(values), key=values.count)
-
-  @property
-  def head_bias(self) -> bool:
-    return "head/bias" in self.shapes
-
-
-def param_name(key_path) -> str:
-  """A parameter's path in a params tree as "backbone/layers/mlp/down_proj"."""
-  return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in key_path)
-
-
-def _flat(tree) -> dict[str, object]:
-  leaves = jax.tree_util.tree_leaves_with_path(tree, is_leaf=lambda x: hasattr(x, "shape"))
-  return {param_name(path): leaf for path, leaf in leaves}
-
-
-def _hf_dtype(directory: pathlib.Path) -> str:
-  raw = json.loads((directory / "config.json").read_text())
-  return str(raw.get("dtype") or raw.get("torch_dtype") or "float32")
-
-
-def _hf_source(key: str, path: pathlib.Path) -> Source:
-  if reward_hf.is_reward_dir(path):
-    cfg, kind = reward_hf.reward_config_from_hf(path), REWARD
-    _, abstract = builder.abstract_module(lambda: reward_model(cfg, head_bias=False))
-  else:
-    cfg, kind = hf.config_from_hf(path), POLICY
-    _, abstract = builder.abstract_model(cfg)
-  dtype = _hf_dtype(path)
-  shapes = {k: tuple(v.shape) for k, v in _flat(nnx.to_pure_dict(abstract)).items()}
-  return Source(key, path, kind, True, shapes, {k: dtype for k in shapes}, hf_config=cfg)
-
-
-def _orbax_source(key: str, path: pathlib.Path) -> Source:
-  try:
-    directory, step = saved_params.resolve(path)
-  except ConfigError as e:
-    raise ConfigError(f"{key}: {e}; or give an HF directory") from None
-  flat = _flat(saved_params.params_metadata(directory, step))
-  if any(part.endswith("_lora") for name in flat for part in name.split("/")):
-    raise ConfigError(f"{key}={path}: a LoRA run. {LORA_REFUSED}")
-  top = {name.split("/")[0] for name in flat}
-  kind = REWARD if {"backbone", "head"} <= top else POLICY
-  export = saved_params.run_dir(directory) / saved_params.HF_EXPORT
-  exported = hf.config_from_hf(export) if (export / "config.json").is_file() else None
-  return Source(key, directory, kind, False, {k: tuple(v.shape) for k, v in flat.items()},
-                {k: str(v.dtype) for k, v in flat.items()}, step, exported)
-
-
 def inspect(path: str, key: str) -> Source:
   """The source at `path` (`key` names the setting in errors); ConfigError for a path that
   is none, a PEFT adapter directory or a LoRA run."""
-  if not path:
-    raise ConfigError(f"{key} is empty: give an Orbax run directory of a training task or an"
-                      " HF directory (causal LM or attribute model)")
-  where = pathlib.Path(path).expanduser().absolute()
-  if not where.exists():
-    raise ConfigError(f"{key}={path}: no such directory")
-  if (where / "adapter_config.json").is_file():
+  if path and weights.is_adapter(path):
     raise ConfigError(f"{key}={path}: a PEFT adapter directory. {LORA_REFUSED}")
-  if (where / "config.json").is_file() and not (where / saved_params.CHECKPOINTS).is_dir():
-    return _hf_source(key, where)
-  return _orbax_source(key, where)
+  source = weights.inspect(path, key)
+  if source.lora:
+    raise ConfigError(f"{key}={path}: a LoRA run. {LORA_REFUSED}")
+  return source
 
 
 def check_compatible(base: Source, tuned: Source) -> None:

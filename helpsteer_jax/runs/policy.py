@@ -9,11 +9,9 @@ policy (the reference, with no second copy of the weights).
 
 from __future__ import annotations
 
-import pathlib
-
 import ml_collections
 
-from helpsteer_jax import runtime, saved_params
+from helpsteer_jax import config_base, runtime, saved_params, weights
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.data import chat_template
 from helpsteer_jax.errors import ConfigError
@@ -21,19 +19,9 @@ from helpsteer_jax.train import state as state_lib
 
 
 def source_spec(config: ml_collections.ConfigDict) -> chat_template.SteerSpec:
-  """The steerable attributes of the policy's source: `init.hf_path`'s, or those of the
-  AC-SFT run of `init.checkpoint` (its `hf/` export); a source without a `steerlm`
-  section (or a fresh model) has none."""
-  init = config.init
-  candidates = [pathlib.Path(init.hf_path)] if init.hf_path else []
-  if init.checkpoint:
-    run = pathlib.Path(init.checkpoint).expanduser()
-    candidates += [run / "hf", run.parent / "hf"]
-  for candidate in candidates:
-    spec = chat_template.read_spec(candidate)
-    if spec is not None:
-      return spec
-  return chat_template.NO_LABELS
+  """The steerable attributes of the policy's source (`weights.steer_spec`, the one rule);
+  a source without a `steerlm` section (or a fresh model) has none."""
+  return weights.steer_spec(config) or chat_template.NO_LABELS
 
 
 def restore_policy(parts: state_lib.ModelParts, run: str, step: int = -1) -> bool:
@@ -57,8 +45,16 @@ def restore_policy(parts: state_lib.ModelParts, run: str, step: int = -1) -> boo
 
 def load_policy(config: ml_collections.ConfigDict,
                 rt: runtime.Runtime) -> tuple[state_lib.ModelParts, bool]:
-  """(the starting policy split for training, whether its LoRA adapters are fresh)."""
-  parts = state_lib.split_model(runtime.build_model(config, rt), rt.mesh, rt.rules)
+  """(the starting policy split for training, whether its LoRA adapters are fresh). An
+  AC-SFT run's shapes (its vocabulary with the added SteerLM tokens, say) are read from
+  its checkpoint (`weights.shaped_config`)."""
+  cfg = None
+  if config.init.checkpoint:
+    shapes, _ = saved_params.param_shapes(config.init.checkpoint, config.init.step)
+    if not any(k.endswith("_lora") for path in shapes for k in path):  # whole weights
+      explicit = [k for k in config_base.SHAPE_FIELDS if config.model.get(k) is not None]
+      cfg = weights.shaped_config(shapes, runtime.model_config(config), explicit)
+  parts = state_lib.split_model(runtime.build_model(config, rt, cfg), rt.mesh, rt.rules)
   fresh = True
   if config.init.checkpoint:
     fresh = not restore_policy(parts, config.init.checkpoint, config.init.step)

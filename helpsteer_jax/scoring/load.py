@@ -25,11 +25,11 @@ import pathlib
 
 import ml_collections
 
-from helpsteer_jax import config_base, runtime, saved_params
+from helpsteer_jax import config_base, runtime, saved_params, weights
 from helpsteer_jax.config_sections import init_config
 from helpsteer_jax.data.features.rm import RegressionTokenizer
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.models import families, hf, reward_hf
+from helpsteer_jax.models import hf, reward_hf
 from helpsteer_jax.models.reward import RewardModel
 from helpsteer_jax.scoring import remote, reward_model, rules
 from helpsteer_jax.scoring.model import ModelScorer
@@ -88,7 +88,7 @@ def load_reward_model(source: str, rt: runtime.Runtime,
       raise ConfigError(f"{directory} step {step} is not an attribute-model checkpoint (no"
                         " reward head); give an attribute_model workdir or its HF export")
     backbone = {path[1:]: shape for path, shape in shapes.items() if path[0] == "backbone"}
-    inferred = families.for_config(runtime.model_config(config)).shape_fields(backbone)
+    inferred = weights.checkpoint_shapes(backbone, runtime.model_config(config))
     for name, value in inferred.items():
       if name in config.model and name != "tie_word_embeddings" and config.model[name] is None:
         config.model[name] = value
