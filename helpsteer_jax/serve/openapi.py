@@ -8,7 +8,7 @@ clients and schema-driven fuzzers know the API.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import fastapi
 import pydantic
@@ -39,6 +39,7 @@ _WHY = {
     503: "the server is shutting down (code shutting_down)",
 }
 _SCHEMA = "#/components/schemas/{model}"
+_POST_ERRORS = (400, 401, 413, 415, 503)  # what any POST route may answer
 
 
 def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -50,6 +51,14 @@ def body(model: type[pydantic.BaseModel]) -> dict[str, Any]:
   """`openapi_extra=` for a route that reads `model` as its JSON body."""
   ref = {"$ref": _SCHEMA.format(model=model.__name__)}
   return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+def post(router: fastapi.APIRouter, path: str, model: type[pydantic.BaseModel],
+         *more_errors: int) -> Callable[[Any], Any]:
+  """`router.post(path)`, documented as reading `model` and answering the POST errors
+  (and `more_errors`)."""
+  return router.post(path, openapi_extra=body(model),
+                     responses=errors(*_POST_ERRORS, *more_errors))
 
 
 def install(app: fastapi.FastAPI, models: list[type[pydantic.BaseModel]]) -> None:
