@@ -83,7 +83,7 @@ def our_config(case: Case, chips: int):
   config = runpy.run_path(str(REPO / "configs" / "acsft.py"))["get_config"](case.preset)
   config.model.update(remat_policy="full", attention_impl="splash", attention_block_size=BLOCK,
                       dtype="bfloat16", param_dtype="float32")
-  config.init.hf_path = ""
+  config.init.source = ""
   config.mesh = config_base.mesh_config(data=1, fsdp=-1, tensor=1)
   config.train.update(seq_len=SEQ_LEN, global_batch=chips, micro_batch=chips)
   return config

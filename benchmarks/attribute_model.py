@@ -66,8 +66,8 @@ def jax_worker(conn, hf_dir, head_path, mode, batch, seq, sequences, score_batch
   from helpsteer_jax.config_sections import optimizer_config
   from helpsteer_jax.data.batches import REGRESSION_BATCH
   from helpsteer_jax.data.features.rm import RegressionTokenizer
+  from helpsteer_jax.load import model as loader
   from helpsteer_jax.losses.regression import regression_loss
-  from helpsteer_jax.scoring import reward_model
   from helpsteer_jax.scoring.model import ModelScorer
   from helpsteer_jax.train import loop
   from helpsteer_jax.train import state as state_lib
@@ -82,7 +82,7 @@ def jax_worker(conn, hf_dir, head_path, mode, batch, seq, sequences, score_batch
   config.optimizer = optimizer_config(lr=LR, b1=BETAS[0], b2=BETAS[1], weight_decay=WD,
                                       grad_clip=CLIP, schedule="constant", warmup_steps=0)
   rt = runtime.setup(config)
-  model = reward_model.build_reward_model(config, rt)
+  model = loader.load_model(config, rt, loader.REWARD)
   stats = {}
   if mode == "train":
     vocab = runtime.model_config(config).vocab_size

@@ -186,7 +186,7 @@ def bench_train_config(hf_dir: str, batch: int, seq: int, *, lr: float, betas, w
   from helpsteer_jax.config_sections import optimizer_config
   config = config_base.base_config("bench")
   config.model = config_base.model_section("bench_100m", **model_knobs)
-  config.init.hf_path = hf_dir
+  config.init.source = hf_dir
   config.data = data if data is not None else config_base.data_config()
   config.mesh = config_base.mesh_config(1, 1, 1)
   config.train = config_sections.train_config(num_steps=1000, global_batch=batch, micro_batch=batch,

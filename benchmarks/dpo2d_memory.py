@@ -113,6 +113,7 @@ def jax_worker(conn, hf_dir, pairs, seq, mode):
   import jax.numpy as jnp
 
   from helpsteer_jax import config_base, runtime
+  from helpsteer_jax.load import model as loader
   from helpsteer_jax.losses import dpo2d
   from helpsteer_jax.losses.pair_logprobs import preference_loss
   from helpsteer_jax.train import loop
@@ -122,7 +123,7 @@ def jax_worker(conn, hf_dir, pairs, seq, mode):
   config = common.bench_train_config(hf_dir, pairs, seq, lr=LR, betas=BETAS, weight_decay=WD,
                                      clip=CLIP, data=data)
   rt = runtime.setup(config)
-  parts = state_lib.split_model(runtime.build_model(config, rt), rt.mesh, rt.rules)
+  parts = state_lib.split_model(loader.load_model(config, rt, loader.TRAIN), rt.mesh, rt.rules)
   batch = pair_batch(pairs, seq, runtime.model_config(config).vocab_size)
   features = [{k: v[i] for k, v in batch.items()} for i in range(pairs)]
   frozen = None

@@ -358,7 +358,7 @@ def check_generate(step: Step, args, env, workdir: pathlib.Path) -> None:
   prompts = workdir / "prompts.jsonl"
   prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS), encoding="utf-8")
   base = ["--config=configs/generate.py",
-          f"--config.init.checkpoint={workdir / 'acsft'}", f"--config.input={prompts}",
+          f"--config.init.source={workdir / 'acsft'}", f"--config.input={prompts}",
           f"--config.max_new_tokens={args.max_new_tokens}", "--config.sampling.temperature=0"]
   variants = [("blockwise, fp32 (defaults)", [])]
   if not args.cpu_dry_run:

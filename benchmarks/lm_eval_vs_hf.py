@@ -122,7 +122,7 @@ def start_server(model_dir: pathlib.Path, port: int, workdir: pathlib.Path,
   out = open(log, "w")
   proc = subprocess.Popen(
       [sys.executable, "-m", "helpsteer_jax.main", "--config=configs/serve.py",
-       f"--config.init.hf_path={model_dir}", "--config.model.dtype=float32",
+       f"--config.init.source={model_dir}", "--config.model.dtype=float32",
        "--config.model.param_dtype=float32", f"--config.serve.model_name={MODEL_NAME}",
        f"--config.serve.port={port}", f"--config.serve.max_length={max_length}",
        "--config.serve.max_batch=4", "--config.serve.max_tokens=64",

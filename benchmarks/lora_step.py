@@ -39,6 +39,7 @@ def jax_worker(conn, hf_dir, batch, seq, rank):
 
   from helpsteer_jax import runtime
   from helpsteer_jax.data.features.next_token import next_token_features
+  from helpsteer_jax.load import model as loader
   from helpsteer_jax.losses.sft import sft_loss
   from helpsteer_jax.train import loop
   from helpsteer_jax.train import state as state_lib
@@ -47,7 +48,7 @@ def jax_worker(conn, hf_dir, batch, seq, rank):
                                      clip=CLIP)
   config.model.lora.update(rank=rank, alpha=2.0 * rank)
   rt = runtime.setup(config)
-  parts = state_lib.split_model(runtime.build_model(config, rt), rt.mesh, rt.rules)
+  parts = state_lib.split_model(loader.load_model(config, rt, loader.TRAIN), rt.mesh, rt.rules)
   tokens = _tokens(batch, seq, runtime.model_config(config).vocab_size)
   features = [next_token_features(t, np.ones(seq + 1, bool)) for t in tokens]
   trainer = loop.Trainer(config, tempfile.mkdtemp(), rt, parts,

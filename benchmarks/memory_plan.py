@@ -86,7 +86,7 @@ def cell_config(recipe: Recipe, chips: int, per_device: int, remat: str, layers:
   config = runpy.run_path(str(REPO / "configs" / f"{recipe.config}.py"))["get_config"](
       recipe.preset)
   config.model.update(remat_policy=remat, attention_impl="splash", attention_block_size=512)
-  config.init.hf_path = ""
+  config.init.source = ""
   if layers:
     config.model.num_layers = layers
   for key, value in recipe.overrides:

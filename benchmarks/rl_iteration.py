@@ -7,7 +7,7 @@ An iteration samples K completions for each of P prompts with the current
 policy, scores them, and takes one optimizer step on the P x K completions.
 Both sides train the same ~100M Llama (bench_100m: a random LlamaForCausalLM
 saved with transformers' `save_pretrained` by the TRL environment, which our
-side imports with `init.hf_path`), with the demo tokenizer (1024 tokens; the
+side imports with `init.source`), with the demo tokenizer (1024 tokens; the
 model keeps its 32000-row vocabulary: sampled ids past the tokenizer decode to
 nothing on both sides), fp32, on the same P prompts (the SteerLM-formatted
 demo prompts; TRL gets them as raw text, no chat template, and both sides'
@@ -60,7 +60,7 @@ def _our_config(spec: dict):
   config = rl_config.get_config()
   config.algorithm = spec["algorithm"]
   config.model = config_base.model_section("bench_100m", attention_block_size=CHUNK)
-  config.init.hf_path, config.init.checkpoint = spec["hf_dir"], ""
+  config.init.source, config.init.source = spec["hf_dir"], ""
   config.mesh = config_base.mesh_config(1, 1, 1)
   rows = spec["prompts"] * spec["k"]
   config.train = train_config(num_steps=1 + spec["iterations"], global_batch=rows,

@@ -51,7 +51,7 @@ def _start(model_dir: str, port: int, max_batch: int) -> subprocess.Popen:
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
   proc = subprocess.Popen(
       [sys.executable, "-m", "helpsteer_jax.main", "--config=configs/serve.py",
-       f"--config.init.hf_path={model_dir}", "--config.serve.model_name=bench",
+       f"--config.init.source={model_dir}", "--config.serve.model_name=bench",
        f"--config.serve.port={port}", "--config.serve.max_length=512",
        f"--config.serve.max_batch={max_batch}", f"--workdir={model_dir}/workdir"],
       cwd=common.REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

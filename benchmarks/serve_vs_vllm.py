@@ -142,7 +142,7 @@ def build_export(workdir: pathlib.Path, steps: int) -> pathlib.Path:
   base = smollm2.build_hf_dir()
   subprocess.run(
       [sys.executable, "-m", "helpsteer_jax.main", "--config=configs/acsft.py:smollm2_135m",
-       f"--workdir={workdir}", f"--config.init.hf_path={base}",
+       f"--workdir={workdir}", f"--config.init.source={base}",
        f"--config.data.train_path={TRAIN}", "--config.data.validation_path=",
        "--config.train.seq_len=256", "--config.train.global_batch=2",
        "--config.train.micro_batch=2", "--config.train.eval_every=0",
@@ -174,7 +174,7 @@ def start_ours(model_dir: pathlib.Path, dtype: str, port: int, args,
   with open(log, "w") as out:
     proc = subprocess.Popen(
         [sys.executable, "-m", "helpsteer_jax.main", "--config=configs/serve.py:smollm2_135m",
-         f"--config.init.hf_path={model_dir}", f"--config.model.dtype={dtype}",
+         f"--config.init.source={model_dir}", f"--config.model.dtype={dtype}",
          f"--config.model.param_dtype={dtype}", f"--config.serve.model_name={MODEL_NAME}",
          f"--config.serve.port={port}", f"--config.serve.max_length={args.max_length}",
          f"--config.serve.max_batch={args.rows}", f"--workdir={log.parent / 'ours_workdir'}"],

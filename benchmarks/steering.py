@@ -109,7 +109,7 @@ def main() -> None:
   ensure_acsft_run(workdir)
 
   config = runpy.run_path(str(common.REPO / "configs" / "steering_sweep.py"))["get_config"]()
-  config.init.checkpoint = str(workdir)
+  config.init.source = str(workdir)
   config.batch_size = 16
   gen = generation.build_generator(config, runtime.setup(config), workdir)
   prompts = demo.heldout_prompts(args.prompts)

@@ -55,7 +55,7 @@ def finished(workdir: pathlib.Path) -> bool:
 def train(args, base: pathlib.Path, root: pathlib.Path) -> dict:
   """AC-SFT (and the attribute model) unless already finished; their wall times."""
   times = {}
-  common_args = [f"--config.init.hf_path={base}", f"--config.data.train_path={TRAIN}",
+  common_args = [f"--config.init.source={base}", f"--config.data.train_path={TRAIN}",
                  "--config.data.validation_path=", "--config.train.seq_len=1024",
                  "--config.train.global_batch=8", "--config.train.micro_batch=8",
                  "--config.train.eval_every=0", "--config.train.save_every=1000",
@@ -79,7 +79,7 @@ def sweep(model: pathlib.Path, workdir: pathlib.Path, attribute: str, args,
           scorer: str) -> tuple[dict, float]:
   """One attribute's sweep (its own workdir, so each resumes on its own)."""
   seconds = run_task(
-      "configs/steering_sweep.py:smollm2_135m", workdir, f"--config.init.hf_path={model}",
+      "configs/steering_sweep.py:smollm2_135m", workdir, f"--config.init.source={model}",
       "--config.model.dtype=float32", "--config.model.param_dtype=float32",
       f"--config.mt_bench.questions={QUESTIONS}", f"--config.sweep.attributes={attribute}",
       f"--config.sweep.scores={args.scores}", f"--config.max_new_tokens={args.max_new_tokens}",

@@ -38,6 +38,7 @@ def jax_worker(conn, hf_dir, batch, seq, analysis):
 
   from helpsteer_jax import runtime, unrollable
   from helpsteer_jax.data.features.next_token import next_token_features
+  from helpsteer_jax.load import model as loader
   from helpsteer_jax.losses.sft import sft_loss
   from helpsteer_jax.train import loop
   from helpsteer_jax.train import state as state_lib
@@ -46,7 +47,7 @@ def jax_worker(conn, hf_dir, batch, seq, analysis):
     config = common.bench_train_config(hf_dir, batch_size, seq, lr=LR, betas=BETAS,
                                        weight_decay=WD, clip=CLIP, **model_knobs)
     rt = runtime.setup(config)
-    parts = state_lib.split_model(runtime.build_model(config, rt), rt.mesh, rt.rules)
+    parts = state_lib.split_model(loader.load_model(config, rt, loader.TRAIN), rt.mesh, rt.rules)
     tokens = _tokens(batch_size, seq, runtime.model_config(config).vocab_size)
     features = [next_token_features(t, np.ones(seq + 1, bool)) for t in tokens]
     trainer = loop.Trainer(config, tempfile.mkdtemp(), rt, parts,

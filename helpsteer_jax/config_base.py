@@ -50,7 +50,7 @@ def unknown_preset(task: str, preset: str, presets: tuple[str, ...]) -> ConfigEr
 
 def model_section(name: str = "tiny", **knobs: Any) -> ml_collections.ConfigDict:
   """The `config.model` section: a named model (models/catalog.py) or an HF directory's
-  (`init.hf_path`), plus knobs."""
+  (`init.source`), plus knobs."""
   section = ml_collections.ConfigDict()
   section.name = name
   section.dtype = "float32"
@@ -69,17 +69,20 @@ def model_section(name: str = "tiny", **knobs: Any) -> ml_collections.ConfigDict
 def init_section(**overrides: Any) -> ml_collections.ConfigDict:
   """`config.init`: where the weights of the task's model come from (none: random init)."""
   section = ml_collections.ConfigDict(dict(
-      hf_path="",     # an HF directory (or hub id) to import; its config.json fixes the shape
-      checkpoint="",  # a training workdir or its checkpoints/ (Orbax; any task's run)
-      step=-1))       # the checkpoint's step; -1 = the latest
+      # an HF directory (its config.json fixes the shape) or any training task's Orbax
+      # run (its workdir or checkpoints/; the shapes read from it): detected, as
+      # weights.inspect does; "" = a fresh model.name
+      source="",
+      step=-1))  # an Orbax run's step; -1 = the latest
   section.update(overrides)
   return section
 
 
 # Renamed keys of a task's model: where its weights come from (now `config.init`) and its
 # name (main.py names the new key when an old one is given).
-MODEL_RENAMED = {"model.hf_path": "init.hf_path", "model.init_checkpoint": "init.checkpoint",
-                 "checkpoint": "init.checkpoint", "checkpoint_step": "init.step",
+MODEL_RENAMED = {"init.hf_path": "init.source", "init.checkpoint": "init.source",
+                 "model.hf_path": "init.source", "model.init_checkpoint": "init.source",
+                 "checkpoint": "init.source", "checkpoint_step": "init.step",
                  "model.preset": "model.name"}
 
 

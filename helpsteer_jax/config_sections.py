@@ -14,8 +14,7 @@ from typing import Any
 import ml_collections
 
 from helpsteer_jax import config_base
-from helpsteer_jax.data.formats.helpsteer_2d import ASPECTS_2D
-from helpsteer_jax.data.records import ATTRIBUTES
+from helpsteer_jax.data.records import ASPECTS_2D, ATTRIBUTES
 from helpsteer_jax.data.template import DEFAULT_SYSTEM, TURN_START
 
 # The names of models/catalog.py's published model shapes (tests/test_catalog.py keeps them
@@ -110,7 +109,7 @@ def generation_config(task: str, preset: str = "") -> ml_collections.ConfigDict:
     config.mesh = config_base.mesh_config(data=1, fsdp=1, tensor=-1)
     config.max_new_tokens = 512
     config.max_length = 4096
-    config.require_hf_path = preset != "smollm2_135m"
+    config.require_weights = preset != "smollm2_135m"
     return config
   raise config_base.unknown_preset(task, preset, GENERATION_PRESETS)
 
@@ -156,7 +155,7 @@ def demo_policy(config: ml_collections.ConfigDict, **train: Any) -> ml_collectio
   """The demo AC-SFT run's tiny policy as the start of an aligning task (rl, steerlm2,
   iterative_dpo), and its `train` section with `train` overrides."""
   config.model = config_base.model_section("tiny", **DEMO_SHAPE, attention_block_size=64)
-  config.init.checkpoint = ACSFT_RUN
+  config.init.source = ACSFT_RUN
   config.train = train_config(**{"seq_len": 192, "export_dtype": "float32",
                                  "loss_chunk_size": 64, **train})
   return config
@@ -215,7 +214,8 @@ def scorer_section(**overrides) -> ml_collections.ConfigDict:
 # Keys the scoring tasks had before `config.scorer`, and the scorer's model's old name key
 # (main.py names the new one).
 SCORING_RENAMED = {
-    "init.checkpoint": "scorer.source", "init.head": "scorer.head", "model": "scorer.model",
+    "init.checkpoint": "scorer.source", "init.hf_path": "scorer.source",
+    "init.source": "scorer.source", "init.head": "scorer.head", "model": "scorer.model",
     "model.hf_path": "scorer.source", "model.preset": "scorer.model.name",
     "scorer.model.preset": "scorer.model.name",
     "tokenizer": "scorer.tokenizer", "score.batch_size": "scorer.batch_size",

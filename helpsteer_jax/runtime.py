@@ -14,6 +14,7 @@ from jax.sharding import Mesh
 
 from helpsteer_jax import config_base, processes, saved_params
 from helpsteer_jax import sharding as sharding_lib
+from helpsteer_jax import weights as weights_lib
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import builder, catalog
 from helpsteer_jax.models import lora as lora_lib
@@ -46,32 +47,52 @@ def setup(config: ml_collections.ConfigDict, devices: list | None = None) -> Run
 
 
 def model_config(config: ml_collections.ConfigDict, weights: bool = True) -> ModelConfig:
-  """The model config: from `init.hf_path`'s config.json or the named model's (`model.name`).
+  """The model config: from the config.json of `init.source` when it is an HF directory,
+  else the named model's (`model.name`).
 
   With `weights=False` (compile-only runs) a recipe that trains published
   weights falls back to the named model's shapes when no HF directory is given.
   """
-  if weights and config.get("require_hf_path") and not config.init.hf_path:
+  if weights and config.get("require_weights") and not config.init.source:
     raise ConfigError(f"this recipe trains the published {config.model.name} weights: set"
-                      " --config.init.hf_path=/path/to/the/HF/checkpoint/directory")
-  if config.init.hf_path:
+                      " --config.init.source=/path/to/the/HF/checkpoint/directory (or a"
+                      " training run of them)")
+  if hf_dir := weights_lib.hf_dir(config.init):
     from helpsteer_jax.models import hf
-    return build_model_config(config.model, hf.config_from_hf(config.init.hf_path),
-                              config.init.hf_path)
-  return build_model_config(config.model)
+    return build_model_config(config.model, hf.config_from_hf(hf_dir), hf_dir)
+  cfg = build_model_config(config.model)
+  run = weights_lib.orbax_run(config.init)
+  if run and weights:
+    cfg = _run_shapes(config, cfg, run)
+  return cfg
+
+
+def _run_shapes(config: ml_collections.ConfigDict, cfg: ModelConfig, run: str) -> ModelConfig:
+  """`cfg` with the shapes an Orbax run's decoder parameters fix (a reward model's
+  backbone's; none for a run of LoRA adapters), the explicitly set ones kept."""
+  shapes, _ = saved_params.param_shapes(run, config.init.step)
+  if any(k.endswith("_lora") for path in shapes for k in path):
+    return cfg
+  explicit = [k for k in config_base.SHAPE_FIELDS if config.model.get(k) is not None]
+  if {"backbone", "head"} <= {path[0] for path in shapes}:
+    # a reward model has no LM head: its backbone's tying is not the checkpoint's to say
+    shapes = {path[1:]: shape for path, shape in shapes.items() if path[0] == "backbone"}
+    explicit.append("tie_word_embeddings")
+  return weights_lib.shaped_config(shapes, cfg, explicit)
 
 
 def build_model(config: ml_collections.ConfigDict, rt: Runtime,
                 cfg: ModelConfig | None = None) -> nnx.Module:
-  """The sharded model: imported from `init.hf_path` or randomly initialised (as `cfg`,
-  default `model_config(config)`), with LoRA adapters (`model.lora`: fresh, or read from
-  `model.lora.adapter`) when set."""
+  """The sharded model imported from `init.source` (an HF directory) or randomly
+  initialised (as `cfg`, default `model_config(config)`), with LoRA adapters
+  (`model.lora`: fresh, or read from `model.lora.adapter`) when set. Tasks build models
+  through `load.model.load_model`, which also reads Orbax runs."""
   cfg = cfg or model_config(config)
   builder.validate_model_on_mesh(cfg, rt.mesh, rt.rules)
   base_cfg = dataclasses.replace(cfg, lora=None)
-  if config.init.hf_path:
+  if hf_dir := weights_lib.hf_dir(config.init):
     from helpsteer_jax.models import hf
-    model = nnx.merge(*hf.load_hf_state(config.init.hf_path, base_cfg, rt.mesh, rt.rules))
+    model = nnx.merge(*hf.load_hf_state(hf_dir, base_cfg, rt.mesh, rt.rules))
   else:
     model = builder.init_model(base_cfg, rt.mesh, rt.rules, seed=config.seed)
   return attach_adapters(config, model, rt, cfg.lora)
@@ -117,9 +138,10 @@ def find_tokenizer(explicit: str = "", hf_dir: str = "", run: str = "",
 
 
 def tokenizer_dir(config: ml_collections.ConfigDict, workdir: str | pathlib.Path) -> str:
-  """`find_tokenizer` for the model of `config` (`tokenizer`, then `config.init`'s
-  `hf_path` or `checkpoint` run)."""
-  return find_tokenizer(config.tokenizer, config.init.hf_path, config.init.checkpoint, workdir)
+  """`find_tokenizer` for the model of `config` (`tokenizer`, then `init.source`: an HF
+  directory or a run)."""
+  return find_tokenizer(config.tokenizer, weights_lib.hf_dir(config.init),
+                        weights_lib.orbax_run(config.init), workdir)
 
 
 def sync(name: str) -> None:

@@ -131,9 +131,29 @@ def inspect(path: str, key: str, step: int | None = None) -> Source:
   if is_adapter(where):
     raise ConfigError(f"{key}={path}: a PEFT adapter directory; give its base model here"
                       " and the adapter as --config.model.lora.adapter")
-  if (where / "config.json").is_file() and not (where / saved_params.CHECKPOINTS).is_dir():
+  if is_hf_dir(where):
     return _hf_source(key, where)
   return _orbax_source(key, where, None if step is None or step < 0 else step)
+
+
+def is_hf_dir(path: str | pathlib.Path) -> bool:
+  """The one rule that tells an HF directory (a config.json, no `checkpoints/`) from an
+  Orbax run (anything else: a run not written yet fails where it is read)."""
+  where = pathlib.Path(path).expanduser()
+  return (where / "config.json").is_file() and not (where / saved_params.CHECKPOINTS).is_dir()
+
+
+def hf_dir(section: Any) -> str:
+  """`section.source` (a config's `init`, say) if it is an HF directory, else ''."""
+  source = str(section.get("source") or "")
+  return source if source and is_hf_dir(source) else ""
+
+
+def orbax_run(section: Any) -> str:
+  """`section.source` if it is an Orbax run (any task's workdir or its checkpoints/),
+  else ''."""
+  source = str(section.get("source") or "")
+  return source if source and not is_hf_dir(source) else ""
 
 
 def is_adapter(path: str | pathlib.Path) -> bool:
@@ -142,16 +162,15 @@ def is_adapter(path: str | pathlib.Path) -> bool:
 
 def steer_spec(config: Any) -> chat_template.SteerSpec | None:
   """The steerable attributes of the configured model: its PEFT adapter's
-  (`model.lora.adapter`), else its HF directory's (`init.hf_path`), else the `hf/`
-  export of its training run (`init.checkpoint`); None when its source declares none
-  (or a fresh model)."""
+  (`model.lora.adapter`), else those of `init.source`: an HF directory's, or the `hf/`
+  export of an Orbax run; None when its source declares none (or a fresh model)."""
   model, init = config.get("model") or {}, config.init
   adapter = (model.get("lora") or {}).get("adapter", "") if model else ""
   candidates = [pathlib.Path(adapter)] if adapter else []
-  if init.hf_path:
-    candidates.append(pathlib.Path(init.hf_path))
-  if init.checkpoint:
-    run = pathlib.Path(init.checkpoint).expanduser()
+  if hf_dir(init):
+    candidates.append(pathlib.Path(init.source))
+  if orbax_run(init):
+    run = pathlib.Path(init.source).expanduser()
     try:
       candidates.append(saved_params.run_dir(run) / saved_params.HF_EXPORT)
     except ConfigError:  # not written yet (a compile-only run): where it will be

@@ -23,8 +23,8 @@ import openai
 from helpsteer_jax.config_sections import DEMO_SHAPE
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.data.records import ATTRIBUTES
+from helpsteer_jax.load import reward as reward_model
 from helpsteer_jax.models import builder, catalog, hf
-from helpsteer_jax.scoring import reward_model
 
 from conftest import REPO_ROOT, xla_flags
 from multiprocess import free_port
@@ -74,7 +74,7 @@ class Server:
     self.log = open(root / "server.log", "w")
     self.proc = subprocess.Popen(
         [sys.executable, "-m", "helpsteer_jax.main", "--config=configs/serve.py",
-         f"--config.init.hf_path={models / 'policy'}", "--config.serve.model_name=tiny",
+         f"--config.init.source={models / 'policy'}", "--config.serve.model_name=tiny",
          f"--config.serve.port={self.port}", f"--config.serve.max_length={MAX_LENGTH}",
          "--config.serve.max_batch=4", f"--config.serve.max_tokens={MAX_TOKENS}",
          "--config.serve.max_n=3", f"--config.scorer.source={models / 'rm'}",

@@ -23,8 +23,8 @@ import numpy as np
 
 from helpsteer_jax.data.demo import rows as demo
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
+from helpsteer_jax.load import reward as reward_model
 from helpsteer_jax.models import builder, catalog, hf
-from helpsteer_jax.scoring import reward_model
 
 from cli_utils import run_main
 from conftest import REPO_ROOT
@@ -180,7 +180,7 @@ def assert_survivor_stopped(results, victim: int, hung: bool) -> None:
 def iterated(task: str, task_inputs, workdir, *extra: str) -> tuple[str, ...]:
   """One round of `task` from a random policy with a host-side scorer (split over the
   processes)."""
-  return (f"--config=configs/{task}.py", *MODEL, *MESH, "--config.init.checkpoint=",
+  return (f"--config=configs/{task}.py", *MODEL, *MESH, "--config.init.source=",
           f"--config.tokenizer={task_inputs['tokenizer']}", "--config.iterations=1",
           "--config.sampling.responses=3", "--config.sampling.max_new_tokens=12",
           "--config.sampling.batch_prompts=4", "--config.train.num_steps=2",

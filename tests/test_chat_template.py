@@ -14,6 +14,7 @@ import ml_collections
 import pytest
 import transformers
 
+from helpsteer_jax import weights
 from helpsteer_jax.data import chat_template, template
 from helpsteer_jax.data.demo import rows as demo_rows
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
@@ -21,7 +22,7 @@ from helpsteer_jax.data.features import tokenize
 from helpsteer_jax.data.formats import helpsteer
 from helpsteer_jax.data.records import ATTRIBUTES, HELPSTEER_ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.inference import loading, steering
+from helpsteer_jax.inference import steering
 from helpsteer_jax.models import builder, catalog, hf
 
 from cli_utils import TINY_RUN, run_main
@@ -302,7 +303,7 @@ def test_dpo2d_export_steers_the_response_label_else_the_policy_source(tmp_path)
   from helpsteer_jax.runs import preference
   config = ml_collections.ConfigDict({
       "data": {"response_label": "verbosity:2,helpfulness:3"},
-      "init": {"hf_path": "", "checkpoint": "", "step": -1}})
+      "init": {"source": "", "step": -1}})
   assert preference.steer_spec(config) == chat_template.SteerSpec(
       ("helpfulness", "verbosity"), {"helpfulness": 3, "verbosity": 2})
   config.data.response_label = ""
@@ -310,9 +311,9 @@ def test_dpo2d_export_steers_the_response_label_else_the_policy_source(tmp_path)
   run = tmp_path / "acsft"
   (run / "hf").mkdir(parents=True)
   (run / "hf" / "config.json").write_text(json.dumps({"steerlm": SPECS["subset"].section()}))
-  config.init.checkpoint = str(run / "checkpoints")
+  config.init.source = str(run / "checkpoints")
   assert preference.steer_spec(config) == SPECS["subset"]
-  config.init.update(checkpoint="", hf_path=str(run / "hf"))
+  config.init.update(source=str(run / "hf"))
   assert preference.steer_spec(config) == SPECS["subset"]
   config.data.response_label = "verbosity:7"
   with pytest.raises(ConfigError, match="data.response_label: .*outside 0..4"):
@@ -339,11 +340,11 @@ def test_acsft_export_carries_the_template_and_generate_uses_it(tmp_path):
   eos = transformers.GenerationConfig.from_pretrained(export).eos_token_id
   assert eos == [tok.eos_token_id, marker]
   # The checkpoint's run and the HF directory both give the model's attributes.
-  assert loading.steer_spec(_generate_config(init={"checkpoint": str(work)})) == spec
+  assert weights.steer_spec(_generate_config(init={"source": str(work)})) == spec
   prompts = tmp_path / "in.jsonl"
   prompts.write_text(json.dumps({"prompt": "Name two fruits."}) + "\n")
   run_main("--config=configs/generate.py", f"--workdir={tmp_path / 'gen'}",
-           f"--config.init.hf_path={export}", f"--config.input={prompts}",
+           f"--config.init.source={export}", f"--config.input={prompts}",
            "--config.max_new_tokens=2", "--config.batch_size=1", "--config.steer.complexity=1")
   row = json.loads((tmp_path / "gen" / "generations.jsonl").read_text())
   assert row["attributes"] == {**spec.defaults, "complexity": 1}

@@ -38,7 +38,7 @@ def test_model_smoke_imports_hf_directory(tmp_path):
   with torch.no_grad():
     logits = model(torch.tensor([tok(prompt).input_ids])).logits[0, -1].numpy()
   run_main("--config=configs/model_smoke.py", f"--workdir={tmp_path / 'w'}",
-           f"--config.init.hf_path={tmp_path / 'hf'}", f"--config.prompt={prompt}",
+           f"--config.init.source={tmp_path / 'hf'}", f"--config.prompt={prompt}",
            "--config.mesh.fsdp=4", "--config.mesh.tensor=2")
   summary = json.loads((tmp_path / "w" / "model_smoke.json").read_text())
   assert summary["top_next_tokens"][0] == tok.decode([int(np.argmax(logits))])
@@ -75,7 +75,7 @@ def test_bad_training_counts_fail_before_anything_is_written(tmp_path, arg, mess
 
 def test_a_missing_run_names_the_task_that_writes_it(tmp_path):
   proc = run_main("--config=configs/rl.py", f"--workdir={tmp_path / 'rl'}",
-                  f"--config.init.checkpoint={tmp_path / 'acsft'}", check=False)
+                  f"--config.init.source={tmp_path / 'acsft'}", check=False)
   assert proc.returncode == 2
   assert "no Orbax checkpoint in" in proc.stderr
   assert "helpsteer-jax --config=acsft" in proc.stderr and "Traceback" not in proc.stderr

@@ -70,7 +70,7 @@ def test_cached_reference_from_an_acsft_checkpoint(tmp_path):
   saver.save(3, state, iter(grain.MapDataset.source([1]).to_iter_dataset()), force=True)
   saver.close()
 
-  config.init.checkpoint = str(tmp_path / "acsft")
+  config.init.source = str(tmp_path / "acsft")
   task.run(config, str(tmp_path / "run"))
   assert _first_step(tmp_path / "run")["loss"] == pytest.approx(math.log(2), abs=1e-5)
   parts_dir = tmp_path / "run" / "reference" / "train"

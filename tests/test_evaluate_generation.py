@@ -59,7 +59,7 @@ def models(served_models, tmp_path_factory):
 def eval_config(models, mt_dir, judge_url="", scorer="", **judge):
   config = runpy.run_path(str(REPO_ROOT / "configs" / "evaluate_generation.py"))["get_config"]()
   config.scorer.source = scorer
-  config.init.hf_path = str(models / "policy")
+  config.init.source = str(models / "policy")
   config.mt_bench.dir = str(mt_dir)
   config.update(batch_size=2, max_new_tokens=12, max_length=512, model_id="tiny")
   config.judge.update(base_url=judge_url, model=JUDGE, max_retries=1, parallel=2, **judge)

@@ -19,12 +19,12 @@ from helpsteer_jax import runtime, saved_params
 from helpsteer_jax.data import chat_template
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.inference import loading
+from helpsteer_jax.load import model as loader
+from helpsteer_jax.load import reward as rm_lib
 from helpsteer_jax.models import builder, catalog, hf
 from helpsteer_jax.models.reward import reward_model
 from helpsteer_jax.runs import expo_sources
 from helpsteer_jax.scoring import load as scoring_load
-from helpsteer_jax.scoring import reward_model as rm_lib
 from helpsteer_jax.tasks import expo
 
 from conftest import REPO_ROOT
@@ -47,10 +47,10 @@ def flat(params) -> dict:
 
 
 def load_orbax_policy(out, rt):
-  """The policy at `out` through inference.loading (what generate / dpo2d / rl read)."""
+  """The policy at `out` through load.model (what generate / dpo2d / rl read)."""
   cfg = expo_config("", "")
-  return loading.load_model(ml_collections.ConfigDict(dict(
-      model=cfg.model, init={"checkpoint": str(out), "hf_path": "", "step": -1}, seed=0)), rt)
+  return loader.load_model(ml_collections.ConfigDict(dict(
+      model=cfg.model, init={"source": str(out), "step": -1}, seed=0)), rt, loader.DECODE)
 
 
 def check_formula(theta0, theta1, got, alpha):
@@ -108,7 +108,7 @@ def reward(tmp_path_factory, tokenizer_dir):
 
 
 def test_policy_expo_is_the_formula_and_alpha_0_is_theta_1(policy, rt):
-  """The Orbax outputs, read back by inference.loading (what generate / dpo2d / rl use),
+  """The Orbax outputs, read back by load.model (what generate / dpo2d / rl use),
   are theta_1 + alpha (theta_1 - theta_0) per leaf; alpha 0 is theta_1's bytes."""
   root, summary, theta0, theta1 = policy
   assert summary["kind"] == expo_sources.POLICY and set(summary["outputs"]) == {"0", "0.5"}

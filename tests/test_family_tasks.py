@@ -101,7 +101,7 @@ def gemma2_sft(gemma2_dir, tmp_path_factory):
   """The workdir of two AC-SFT steps from `gemma2_dir`, exported in float32."""
   sft_dir = tmp_path_factory.mktemp("acsft")
   run_main("--config=configs/acsft.py:smollm2_135m", f"--workdir={sft_dir}",
-           f"--config.init.hf_path={gemma2_dir}", "--config.train.num_steps=2",
+           f"--config.init.source={gemma2_dir}", "--config.train.num_steps=2",
            "--config.train.seq_len=128", "--config.train.global_batch=8",
            "--config.train.micro_batch=8", "--config.train.loss_chunk_size=64",
            "--config.train.eval_every=0", "--config.train.log_every=1",
@@ -123,7 +123,7 @@ def test_acsft_then_2d_dpo_on_gemma2(gemma2_sft, tmp_path):
 
   dpo_dir = tmp_path / "dpo2d"
   run_main("--config=configs/dpo2d.py:llama3_8b", f"--workdir={dpo_dir}",
-           f"--config.init.hf_path={sft_dir / 'hf'}", "--config.reference.mode=on_the_fly",
+           f"--config.init.source={sft_dir / 'hf'}", "--config.reference.mode=on_the_fly",
            "--config.train.num_steps=1", "--config.train.seq_len=128",
            "--config.train.global_batch=8", "--config.train.micro_batch=8",
            "--config.train.loss_chunk_size=64", "--config.train.log_every=1",
@@ -149,7 +149,7 @@ def test_demo_shape_settings_conflict_with_a_checkpoint(gemma2_dir, tmp_path):
   """The demo recipe's tiny shape cannot load another checkpoint: a clear error
   before any data is read, not a missing tensor."""
   proc = run_main("--config=configs/acsft.py", f"--workdir={tmp_path}",
-                  f"--config.init.hf_path={gemma2_dir}", check=False)
+                  f"--config.init.source={gemma2_dir}", check=False)
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert "model.num_layers=4 (the checkpoint has 3)" in proc.stderr
   assert "smollm2_135m" in proc.stderr and "train data" not in proc.stderr

@@ -24,11 +24,11 @@ from helpsteer_jax.inference import (
   best_of_n,
   chat,
   generator,
-  loading,
   row_stream,
   steering,
 )
 from helpsteer_jax.inference.sampling import SamplingConfig
+from helpsteer_jax.load import model as loader
 from helpsteer_jax.models import builder, catalog, hf
 from helpsteer_jax.scoring import rewards as rewards_lib
 from helpsteer_jax.scoring.load import load_scorer
@@ -296,10 +296,10 @@ def test_loads_params_from_a_training_checkpoint(tmp_path):
   ckpt.save(3, state, data, force=True)
   ckpt.close()
 
-  config.init.checkpoint = str(tmp_path / "run")
+  config.init.source = str(tmp_path / "run")
   from helpsteer_jax import runtime
   rt = runtime.setup(config)
-  loaded = loading.load_model(config, rt)
+  loaded = loader.load_model(config, rt, loader.DECODE)
   got = nnx.to_pure_dict(nnx.state(loaded))
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, np.asarray(b)),
                want, got)
@@ -307,10 +307,10 @@ def test_loads_params_from_a_training_checkpoint(tmp_path):
   assert loaded.cfg.num_layers == 3 and loaded.cfg.hidden_size == 32
   config.model.hidden_size = 64  # explicit shapes must match the checkpoint's
   with pytest.raises(ConfigError, match="embed has shape .* but the model config gives"):
-    loading.load_model(config, rt)
-  config.init.checkpoint = str(tmp_path / "nothing")
+    loader.load_model(config, rt, loader.DECODE)
+  config.init.source = str(tmp_path / "nothing")
   with pytest.raises(ConfigError, match="no Orbax checkpoint in .*nothing"):
-    loading.load_model(config, rt)
+    loader.load_model(config, rt, loader.DECODE)
 
 
 def test_generate_task_from_the_command_line(tmp_path, tokenizer):
@@ -324,7 +324,7 @@ def test_generate_task_from_the_command_line(tmp_path, tokenizer):
       {"prompt": "Name two fruits."},
       {"prompt": "What is 1 plus 1?\n<extra_id_1>Assistant\n2.\n<extra_id_1>User\nAnd 2 plus 2?"},
   ]) + "\n")
-  common = ["--config=configs/generate.py", f"--config.init.hf_path={tmp_path / 'hf'}",
+  common = ["--config=configs/generate.py", f"--config.init.source={tmp_path / 'hf'}",
             f"--config.input={inp}", "--config.max_new_tokens=6", "--config.batch_size=2",
             "--config.mesh.data=2", "--config.mesh.tensor=2", "--config.steer.complexity=1",
             "--config.steer_attributes=helpsteer"]  # the export has no steerlm section
@@ -363,7 +363,7 @@ def test_chat_mode_of_the_task(tmp_path, monkeypatch, capsys):
   model = builder.create(catalog.model_config("tiny", initializer_range=0.1), seed=0)
   hf.save_hf_model(model, tmp_path / "hf", dtype="float32", tokenizer=str(tok_dir))
   config = _task_config()
-  config.init.hf_path = str(tmp_path / "hf")
+  config.init.source = str(tmp_path / "hf")
   config.mode, config.max_new_tokens = "chat", 5
   config.steer_attributes = "helpsteer"  # the export has no steerlm section
   config.mesh = config_base.mesh_config(1, -1, 2)

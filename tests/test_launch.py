@@ -19,7 +19,7 @@ def _dry(script, *args, env=None):
 def test_tpu_vm_dry_run_creates_copies_and_runs_on_all_workers():
   cmds, _ = _dry("tpu_vm.sh", "--name", "steer", "--zone", "us-east5-a", "--accelerator",
                  "v5e-256", "--queued", "--spot", "--workdir", "/mnt/runs/a", "--dry-run", "--",
-                 "--config=configs/acsft.py:llama2_70b", "--config.init.hf_path=/m/Llama 2")
+                 "--config=configs/acsft.py:llama2_70b", "--config.init.source=/m/Llama 2")
   create = cmds[0]
   assert create[:5] == ["gcloud", "compute", "tpus", "queued-resources", "create"]
   assert "--accelerator-type=v5litepod-256" in create and "--spot" in create
@@ -31,7 +31,7 @@ def test_tpu_vm_dry_run_creates_copies_and_runs_on_all_workers():
   remote = shlex.split(next(a for a in ssh[-1] if a.startswith("--command=")).split("=", 1)[1])
   i = remote.index("helpsteer_jax.main")
   assert remote[i + 1:] == ["--config=configs/acsft.py:llama2_70b",
-                            "--config.init.hf_path=/m/Llama 2", "--workdir=/mnt/runs/a"]
+                            "--config.init.source=/m/Llama 2", "--workdir=/mnt/runs/a"]
 
 
 def test_tpu_vm_requires_a_command():

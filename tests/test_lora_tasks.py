@@ -41,7 +41,7 @@ def base_dir(tmp_path_factory):
 
 
 def _on_base(cfg, base_dir, rank=4):
-  cfg.init.hf_path = str(base_dir)
+  cfg.init.source = str(base_dir)
   for name in SHAPE_FIELDS:
     cfg.model[name] = None
   cfg.model.lora.update(rank=rank, alpha=2.0 * rank)
@@ -104,7 +104,7 @@ def generate_config(hf_path, adapter=None):
 
   from conftest import REPO_ROOT
   cfg = runpy.run_path(str(REPO_ROOT / "configs" / "generate.py"))["get_config"]()
-  cfg.init.hf_path = str(hf_path)
+  cfg.init.source = str(hf_path)
   if adapter is not None:
     cfg.model.lora.adapter = str(adapter)
   cfg.update(max_new_tokens=8, batch_size=1)
@@ -144,7 +144,7 @@ def test_rl_lora_exports_a_peft_adapter_of_the_trained_policy(base_dir, tmp_path
   from conftest import REPO_ROOT
 
   cfg = runpy.run_path(str(REPO_ROOT / "configs" / "rl.py"))["get_config"]()
-  cfg.init.checkpoint = ""
+  cfg.init.source = ""
   cfg = _on_base(cfg, base_dir)
   cfg.scorer.source = "fake_scorer:make_brevity"
   cfg.prompts.update(demo_train_prompts=8, eval_limit=1)

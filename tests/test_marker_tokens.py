@@ -140,7 +140,7 @@ def test_acsft_export_of_a_splitting_tokenizer_ends_turns_with_an_eos_id(split_t
   prompts = tmp_path / "in.jsonl"
   prompts.write_text(json.dumps({"prompt": "Name two fruits."}) + "\n")
   run_main("--config=configs/generate.py", f"--workdir={tmp_path / 'gen'}",
-           f"--config.init.hf_path={export}", f"--config.input={prompts}",
+           f"--config.init.source={export}", f"--config.input={prompts}",
            "--config.max_new_tokens=2", "--config.batch_size=1")
   assert json.loads((tmp_path / "gen" / "generations.jsonl").read_text())["prompt"]
   if torch is None:

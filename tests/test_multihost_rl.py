@@ -17,7 +17,7 @@ pytestmark = pytest.mark.multihost
 def _rl(task_inputs, workdir) -> tuple[str, ...]:
   """GRPO with a host-side scorer (split over the processes) and two updates per
   iteration."""
-  return ("--config=configs/rl.py", *tg.MODEL, *tg.MESH, "--config.init.checkpoint=",
+  return ("--config=configs/rl.py", *tg.MODEL, *tg.MESH, "--config.init.source=",
           f"--config.tokenizer={task_inputs['tokenizer']}",
           "--config.scorer.source=fake_scorer:make_brevity",
           "--config.prompts.demo_train_prompts=16", "--config.prompts.eval_limit=4",

@@ -17,7 +17,7 @@ from torch_reference import needs_torch, torch
 
 from helpsteer_jax import runtime
 from helpsteer_jax.data import chat_template, template
-from helpsteer_jax.inference import loading
+from helpsteer_jax.load import model as loader
 from helpsteer_jax.models import builder, hf
 
 from cli_utils import run_main
@@ -53,10 +53,10 @@ def _assert_generate_ends_turn_at_marker(model, tokenizer, marker: int) -> None:
 def _trained_model(workdir):
   """The AC-SFT run's last Orbax checkpoint as our model (one device)."""
   cfg = runpy.run_path(str(REPO_ROOT / "configs" / "generate.py"))["get_config"]()
-  cfg.init.checkpoint = str(workdir)
+  cfg.init.source = str(workdir)
   cfg.model.name = "smollm2_135m"
   cfg.mesh.update(data=1, fsdp=1, tensor=1)
-  return loading.load_model(cfg, runtime.setup(cfg, jax.devices()[:1]))
+  return loader.load_model(cfg, runtime.setup(cfg, jax.devices()[:1]), loader.DECODE)
 
 
 @needs_torch
@@ -67,7 +67,7 @@ def test_acsft_on_helpsteer2_exports_a_transformers_model(smollm2_dir, helpsteer
   work = tmp_path / "acsft"
   # XLA's default optimisation: a 135M-parameter step runs 3x faster for a little more compile.
   run_main("--config=configs/acsft.py:smollm2_135m", f"--workdir={work}",
-           f"--config.init.hf_path={smollm2_dir}",
+           f"--config.init.source={smollm2_dir}",
            f"--config.data.train_path={helpsteer2_sample}",
            "--config.train.num_steps=2", "--config.train.global_batch=1",
            "--config.train.micro_batch=1", "--config.train.seq_len=256",

@@ -73,7 +73,8 @@ def test_every_task_with_a_model_names_its_weights_in_config_init_and_its_model_
     if "model" not in config or name in TWO_MODEL_TASKS:
       continue
     assert set(config_base.MODEL_RENAMED.values()) <= set(_flat_keys(config)), name
-    assert {"init.hf_path", "init.checkpoint", "init.step"} <= set(_flat_keys(config)), name
+    assert {"init.source", "init.step"} <= set(_flat_keys(config)), name
+    assert not {"init.hf_path", "init.checkpoint"} & set(_flat_keys(config)), name
     assert "model.name" in set(_flat_keys(config)) and "preset" not in config.model, name
     renamed = task_configs.load(REPO_ROOT / "configs" / f"{name}.py")["RENAMED"]
     assert config_base.MODEL_RENAMED.items() <= renamed.items(), name

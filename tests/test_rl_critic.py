@@ -30,7 +30,7 @@ from conftest import REPO_ROOT
 def _config(**overrides):
   config = runpy.run_path(str(REPO_ROOT / "configs" / "rl.py"))["get_config"]()
   config.model.update(**DEMO_SHAPE)
-  config.init.checkpoint = ""
+  config.init.source = ""
   config.mesh.update(data=2, fsdp=2, tensor=2)
   config.algorithm = "ppo"
   config.update(overrides)

@@ -35,12 +35,12 @@ def test_attribute_model_recipes():
 
 
 def test_recipes_fail_before_any_work_without_their_inputs():
-  with pytest.raises(ConfigError, match="hf_path"):
+  with pytest.raises(ConfigError, match="init.source"):
     runtime.model_config(get("attribute_model", "llama3_70b_helpsteer2"))
   c = get("attribute_model", "llama3_1_70b_scaled_bt")
-  with pytest.raises(ConfigError, match="init.checkpoint"):
+  with pytest.raises(ConfigError, match="init.source"):
     attribute_model.check_config(c)
-  c.init.checkpoint = "/runs/attribute_model"
+  c.init.source = "/runs/attribute_model"
   with pytest.raises(ConfigError, match="tokenizer"):
     attribute_model.check_config(c)
   c = get("attribute_model")

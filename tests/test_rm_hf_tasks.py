@@ -14,8 +14,8 @@ from helpsteer_jax import runtime
 from helpsteer_jax.data.features import rm as rm_data
 from helpsteer_jax.data.formats import helpsteer as readers
 from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.load import reward as reward_model
 from helpsteer_jax.models import hf
-from helpsteer_jax.scoring import reward_model
 from helpsteer_jax.scoring.load import load_scorer
 from helpsteer_jax.scoring.model import ModelScorer
 from helpsteer_jax.tasks import annotate, attribute_model, evaluate_rm, export_rm
@@ -84,7 +84,7 @@ def test_export_rm_converts_the_checkpoint_to_the_training_export(trained, tmp_p
   hf_config = transformers.AutoConfig.from_pretrained(out)
   assert hf_config.pad_token_id == hf.load_tokenizer(out).pad_token_id
   assert hf_config.num_labels == 9
-  conv = config("export_rm", init={"checkpoint": str(trained)})
+  conv = config("export_rm", init={"source": str(trained)})
   conv.tokenizer, conv.dtype = str(trained / "demo_tokenizer"), "float32"
   export_rm.run(conv, str(tmp_path / "export"))
   a, b = _tensors(out), _tensors(tmp_path / "export" / "hf")
@@ -146,6 +146,6 @@ def test_head_bias_needs_export_off(trained, tmp_path):
     attribute_model.check_config(cfg)
   cfg.train.export_hf = False
   attribute_model.check_config(cfg)
-  cfg.init.checkpoint = str(trained)
+  cfg.init.source = str(trained)
   with pytest.raises(ConfigError, match="head_bias=False"):
     reward_model.build_reward_model(cfg, runtime.setup(cfg))

@@ -15,9 +15,10 @@ from helpsteer_jax.data.formats import helpsteer as readers
 from helpsteer_jax.data.formats import preference
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.load import reward as reward_model
 from helpsteer_jax.models import hf
 from helpsteer_jax.scoring import evaluate as rm_eval
-from helpsteer_jax.scoring import reward_model, rewards
+from helpsteer_jax.scoring import rewards
 from helpsteer_jax.scoring.load import load_scorer
 from helpsteer_jax.scoring.model import ModelScorer
 from helpsteer_jax.tasks import attribute_model, evaluate_rm
@@ -38,22 +39,21 @@ def test_demo_scaled_bt_preset_starts_from_the_demo_regression_run():
   get_config = runpy.run_path(str(REPO_ROOT / "configs" / "attribute_model.py"))["get_config"]
   regression, bt = get_config("demo"), get_config("demo_scaled_bt")
   attribute_model.check_config(bt)
-  assert bt.loss == "scaled_bt" and bt.init.checkpoint == "workdir/attribute_model"
+  assert bt.loss == "scaled_bt" and bt.init.source == "workdir/attribute_model"
   assert bt.init.head == "auto" and bt.bt_attribute == "helpfulness"
   assert bt.workdir == "workdir/attribute_model_bt" and not bt.data.packing
   assert bt.model.to_dict() == regression.model.to_dict()  # the regression run's shape
-  bt.init.checkpoint = ""
-  with pytest.raises(ConfigError, match="init.checkpoint"):
+  bt.init.source = ""
+  with pytest.raises(ConfigError, match="init.source"):
     attribute_model.check_config(bt)
 
 
 def test_bt_from_regression_starts_from_its_backbone_and_helpfulness_row(regression):
   """The BT run's model at step 0 (built as attribute_model.run builds it) is the regression
   model: its rewards, the helpfulness slot, are the regression's helpfulness predictions."""
-  cfg = short_config("attribute_model", init={"checkpoint": str(regression)})
+  cfg = short_config("attribute_model", init={"source": str(regression)})
   cfg.loss, cfg.data.packing = "scaled_bt", False
   attribute_model.check_config(cfg)
-  reward_model.resolve_source(cfg)
   rt = runtime.setup(cfg)
   bt = reward_model.build_reward_model(cfg, rt)
   tokenizer = hf.load_tokenizer(regression / "demo_tokenizer")

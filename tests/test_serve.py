@@ -90,7 +90,7 @@ def test_greedy_chat_equals_the_generate_task(server, tmp_path):
               ("Tell me about castles", {})]
   (tmp_path / "in.jsonl").write_text("".join(
       json.dumps({"prompt": p, "attributes": a}) + "\n" for p, a in requests))
-  run_main("--config=configs/generate.py", f"--config.init.hf_path={server.models / 'policy'}",
+  run_main("--config=configs/generate.py", f"--config.init.source={server.models / 'policy'}",
            f"--config.input={tmp_path / 'in.jsonl'}", "--config.max_new_tokens=24",
            f"--config.max_length={MAX_LENGTH}", f"--workdir={tmp_path}", devices=1)
   rows = [json.loads(line) for line in (tmp_path / "generations.jsonl").read_text().splitlines()]

@@ -59,7 +59,7 @@ def models(tmp_path_factory):
 
 def sweep_config(policy, prompts, **overrides):
   config = runpy.run_path(str(REPO_ROOT / "configs" / "steering_sweep.py"))["get_config"]()
-  config.init.hf_path, config.input = str(policy), str(prompts)
+  config.init.source, config.input = str(policy), str(prompts)
   config.max_new_tokens, config.batch_size = 8, 4
   config.mesh.update(data=2, fsdp=2, tensor=2)
   config.sweep.scores = "0,2,4"
@@ -260,7 +260,7 @@ def test_a_malformed_prompt_row_is_one_line_naming_file_and_line(models, tmp_pat
   bad = tmp_path / "bad.jsonl"
   bad.write_text('{"prompt": "Hi"}\n{"prompt": "x", "attributes": {"verbosity": 9}}\n')
   proc = run_main("--config=configs/steering_sweep.py", f"--workdir={tmp_path / 'w'}",
-                  f"--config.init.hf_path={models[0]}", f"--config.input={bad}", check=False)
+                  f"--config.init.source={models[0]}", f"--config.input={bad}", check=False)
   assert proc.returncode == 2
   errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
   assert errors == [f"error: {bad}:2: score of 'verbosity' is 9, outside 0..4"]

@@ -13,7 +13,7 @@ from helpsteer_jax.data.formats import helpsteer as readers
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.data.template import parse_label_string
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.scoring import reward_model
+from helpsteer_jax.load import reward as reward_model
 from helpsteer_jax.tasks import acsft, annotate, attribute_model, evaluate_rm
 
 from task_configs import short_config
@@ -51,7 +51,7 @@ def test_attribute_model_annotation_then_acsft(regression_run, tmp_path):
   assert result["status"] == "finished" and np.isfinite(result["train"]["loss"])
 
   # The AC-SFT checkpoint initialises an attribute model's backbone (head from zeros).
-  init = config("attribute_model", init={"checkpoint": str(tmp_path / "acsft")})
+  init = config("attribute_model", init={"source": str(tmp_path / "acsft")})
   rt = runtime.setup(init)
   model = reward_model.build_reward_model(init, rt)
   saved, _ = saved_params.restore_params(tmp_path / "acsft", jax.tree.map(
@@ -64,7 +64,7 @@ def test_attribute_model_annotation_then_acsft(regression_run, tmp_path):
 
 def test_scaled_bt_from_the_regression_head_and_evaluation(regression_run, tmp_path):
   rm_dir, _ = regression_run
-  bt = config("attribute_model", init={"checkpoint": str(rm_dir)},
+  bt = config("attribute_model", init={"source": str(rm_dir)},
               data={"packing": False})
   bt.loss = "scaled_bt"
   bt.tokenizer = str(rm_dir / "demo_tokenizer")

@@ -27,7 +27,7 @@ def tiny_policy_config(task: str, overrides: dict | None = None):
   config = task_config(task)
   config.model.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
                       num_kv_heads=2, attention_block_size=32, initializer_range=0.5)
-  config.init.checkpoint = ""
+  config.init.source = ""
   config.mesh.update(data=2, fsdp=2, tensor=2)
   return task_config_overrides(config, overrides)
 

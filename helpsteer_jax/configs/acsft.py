@@ -2,7 +2,7 @@
 
   helpsteer-jax --config=configs/acsft.py              # demo, CPU, ~3 min
   helpsteer-jax --config=configs/acsft.py:llama2_70b \
-      --config.init.hf_path=/models/Llama-2-70b-hf \
+      --config.init.source=/models/Llama-2-70b-hf \
       --config.data.train_path=/data/steerlm_train.jsonl \
       --config.data.validation_path=/data/steerlm_val.jsonl
 
@@ -39,7 +39,7 @@ def _big(config, preset, *, steps, batch, lr, min_lr, constant_steps, warmup):
   config.optimizer = optimizer_config(lr=lr, min_lr=min_lr, constant_steps=constant_steps,
                                       warmup_steps=warmup, weight_decay=0.01, grad_clip=1.0)
   config.mesh = config_base.mesh_config(data=1, fsdp=-1, tensor=1)
-  config.require_hf_path = True
+  config.require_weights = True
   return config
 
 
@@ -63,6 +63,6 @@ def get_config(preset: str = ""):
                                 log_every=10, eval_every=200, save_every=200,
                                 loss_chunk_size=512, export_dtype="bfloat16")
     config.optimizer = optimizer_config(lr=2e-5, min_lr=2e-6, warmup_steps=50)
-    config.require_hf_path = True
+    config.require_weights = True
     return config
   raise config_base.unknown_preset("acsft", preset, PRESETS)

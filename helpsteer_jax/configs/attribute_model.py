@@ -2,10 +2,10 @@
 
   helpsteer-jax --config=configs/attribute_model.py        # demo, CPU, < 3 min
   helpsteer-jax --config=configs/attribute_model.py:llama3_70b_helpsteer2 \
-      --config.init.hf_path=/models/Meta-Llama-3-70B \
+      --config.init.source=/models/Meta-Llama-3-70B \
       --config.data.train_path=/data/HelpSteer2 --config.data.validation_path=/data/HelpSteer2
   helpsteer-jax --config=configs/attribute_model.py:llama3_1_70b_scaled_bt \
-      --config.init.checkpoint=workdir/attribute_model --config.tokenizer=/models/Llama-3.1-70B \
+      --config.init.source=workdir/attribute_model --config.tokenizer=/models/Llama-3.1-70B \
       --config.data.train_path=/data/HelpSteer2 --config.data.validation_path=/data/HelpSteer2
 
 `loss` is `regression` (masked MSE on the nine attributes) or one of the
@@ -28,7 +28,7 @@ RENAMED = {**config_base.MODEL_RENAMED, "score.batch_size": "eval_batch_size",
 
 
 def _demo(config):
-  # The AC-SFT demo's model shape, so `init.checkpoint` may point at its workdir.
+  # The AC-SFT demo's model shape, so `init.source` may point at its workdir.
   config.model = config_base.model_section(
       "tiny", hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
       num_kv_heads=2)
@@ -51,7 +51,7 @@ def _big(config, preset, *, steps, batch, lr, min_lr=0.0, schedule="cosine", war
                                       warmup_steps=warmup, constant_steps=constant_steps,
                                       weight_decay=0.01, grad_clip=1.0)
   config.mesh = config_base.mesh_config(data=1, fsdp=-1, tensor=1)
-  config.require_hf_path = True
+  config.require_weights = True
   return config
 
 
@@ -73,7 +73,7 @@ def get_config(preset: str = ""):
     config = _demo(config)
     config.loss = "scaled_bt"
     config.data.packing = False  # a pair is one row (two segments)
-    config.init.checkpoint = "workdir/attribute_model"
+    config.init.source = "workdir/attribute_model"
     config.require_init_checkpoint = True
     config.workdir = "workdir/attribute_model_bt"
     config.train.update(num_steps=100, seq_len=512, eval_every=50, save_every=50)
@@ -93,7 +93,7 @@ def get_config(preset: str = ""):
     config.loss = "scaled_bt"
     config.data.packing = False  # a pair is one row (two segments)
     config.train.seq_len = 8192  # 4096 per response
-    config.require_hf_path = False
+    config.require_weights = False
     config.require_init_checkpoint = True
     return config
   raise config_base.unknown_preset("attribute_model", preset, PRESETS)

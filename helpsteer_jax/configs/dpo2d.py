@@ -2,11 +2,10 @@
 
   helpsteer-jax --config=configs/dpo2d.py              # demo, CPU, < 3 min
   helpsteer-jax --config=configs/dpo2d.py:llama3_8b \
-      --config.init.hf_path=/models/Meta-Llama-3-8B-Instruct \
+      --config.init.source=/models/Meta-Llama-3-8B-Instruct \
       --config.data.train_path=/data/helpsteer_2d.jsonl
   helpsteer-jax --config=configs/dpo2d.py:llama3_70b \
-      --config.init.hf_path=/models/Llama-3-70B-SteerLM-HF \
-      --config.init.checkpoint=/runs/acsft_70b   # policy from an AC-SFT run
+      --config.init.source=/runs/acsft_70b   # an AC-SFT run, or an HF directory
 
 Presets: the default (tiny model on the built-in 2D demo pairs), `qwen2_7b`
 and `llama3_8b` (the paper's 7-8B scale), `llama3_70b`.
@@ -62,7 +61,7 @@ def _big(config, preset, *, batch=64, lr=5e-7, seq_len=4096, tensor=1):
   config.mesh = config_base.mesh_config(data=1, fsdp=-1, tensor=tensor)
   config.data.max_segments = 64
   config.loss.vocab_chunk_size = 4096
-  config.require_hf_path = True
+  config.require_weights = True
   return config
 
 

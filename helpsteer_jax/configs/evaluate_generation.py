@@ -3,7 +3,7 @@
   # the AC-SFT export, graded by GPT-4 with FastChat's single-answer prompts
   export OPENAI_API_KEY=...
   helpsteer-jax --config=configs/evaluate_generation.py \
-      --config.init.hf_path=workdir/acsft/hf \
+      --config.init.source=workdir/acsft/hf \
       --config.mt_bench.dir=FastChat/fastchat/llm_judge/data/mt_bench \
       --config.judge.base_url=https://api.openai.com/v1 --config.judge.model=gpt-4
   # any OpenAI-compatible judge (vLLM, SGLang, configs/serve.py)

@@ -4,7 +4,7 @@
   helpsteer-jax --config=configs/export_rm.py \
       --config.output=workdir/attribute_model_hf                         # convert it
   helpsteer-jax --config=configs/export_rm.py:llama3_70b \
-      --config.init.checkpoint=/runs/attribute_model --config.tokenizer=/models/Meta-Llama-3-70B \
+      --config.init.source=/runs/attribute_model --config.tokenizer=/models/Meta-Llama-3-70B \
       --config.output=/models/Llama3-70B-attribute-model-hf
 
 The output loads with `transformers.AutoModelForSequenceClassification` and is
@@ -21,7 +21,7 @@ RENAMED = config_base.MODEL_RENAMED
 
 def get_config(preset: str = ""):
   config = config_base.base_config("export_rm")
-  config.init = init_config(checkpoint="workdir/attribute_model")
+  config.init = init_config(source="workdir/attribute_model")
   config.output = ""        # "" = <workdir>/hf
   config.dtype = "bfloat16"  # of the written tensors: bfloat16 | float32
   return scoring_preset(config, preset)

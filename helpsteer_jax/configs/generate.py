@@ -2,18 +2,18 @@
 
   # the default AC-SFT run's model, the 50 held-out demo prompts
   helpsteer-jax --config=configs/generate.py \
-      --config.init.checkpoint=workdir/acsft --config.steer.verbosity=0
+      --config.init.source=workdir/acsft --config.steer.verbosity=0
   # a file of prompts, per-run attributes, sampling, best-of-4
   helpsteer-jax --config=configs/generate.py \
-      --config.init.hf_path=workdir/acsft/hf --config.input=prompts.jsonl \
+      --config.init.source=workdir/acsft/hf --config.input=prompts.jsonl \
       --config.sampling.temperature=0.7 --config.best_of_n.n=4 \
       --config.scorer.source=workdir/attribute_model
   # interactive chat
   helpsteer-jax --config=configs/generate.py \
-      --config.init.checkpoint=workdir/acsft --config.mode=chat
+      --config.init.source=workdir/acsft --config.mode=chat
   # a published SteerLM model, tensor-parallel over 8 devices
   helpsteer-jax --config=configs/generate.py:llama2_70b \
-      --config.init.hf_path=/models/Llama2-70B-SteerLM-Chat --config.input=-
+      --config.init.source=/models/Llama2-70B-SteerLM-Chat --config.input=-
 
 Rerunning the same file-mode command resumes: rows already in the output are
 kept and only the rest are appended (with the seeds an uninterrupted run uses).

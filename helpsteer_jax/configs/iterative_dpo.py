@@ -4,7 +4,7 @@
   helpsteer-jax --config=configs/acsft.py && helpsteer-jax --config=configs/iterative_dpo.py
   # Llama 3 70B, HelpSteer2's prompts, a trained attribute model
   helpsteer-jax --config=configs/iterative_dpo.py:llama3_70b \\
-      --config.init.hf_path=/models/Llama-3-70B-SteerLM-HF \\
+      --config.init.source=/models/Llama-3-70B-SteerLM-HF \\
       --config.prompts.train_path=/data/helpsteer2/train.jsonl.gz \\
       --config.scorer.source=/runs/attribute_model_70b
 
@@ -62,7 +62,7 @@ def _llama3_70b(config):
   config.prompts.update(per_iteration=0, eval_limit=50)
   config.mesh = config_base.mesh_config(data=1, fsdp=-1, tensor=8)
   scorer_on_mesh(config, "llama3_70b")
-  config.require_hf_path = True
+  config.require_weights = True
   return config
 
 

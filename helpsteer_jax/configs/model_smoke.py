@@ -2,7 +2,7 @@
 
   helpsteer-jax --config=configs/model_smoke.py
   helpsteer-jax --config=configs/model_smoke.py:llama3_8b \
-      --config.init.hf_path=/path/to/Meta-Llama-3-8B
+      --config.init.source=/path/to/Meta-Llama-3-8B
 """
 
 from helpsteer_jax import config_base

@@ -7,7 +7,7 @@
       --config.scorer.source=workdir/attribute_model
   # HelpSteer2-Preference's REINFORCE-leave-one-out on Llama 3 70B with LoRA
   helpsteer-jax --config=configs/rl.py:llama3_70b \
-      --config.init.hf_path=/models/Llama-3-70B-SteerLM-HF \
+      --config.init.source=/models/Llama-3-70B-SteerLM-HF \
       --config.prompts.train_path=/data/helpsteer2/train.jsonl.gz \
       --config.scorer.source=/runs/attribute_model_70b --config.model.lora.rank=16
 
@@ -116,7 +116,7 @@ def _big(config, preset, *, lr, kl, tensor=1):
   config.reward.normalize = "fixed"
   config.mesh = config_base.mesh_config(data=1, fsdp=-1, tensor=tensor)
   scorer_on_mesh(config, preset)
-  config.require_hf_path = preset != "smollm2_135m"
+  config.require_weights = preset != "smollm2_135m"
   return config
 
 

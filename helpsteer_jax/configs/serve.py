@@ -1,13 +1,13 @@
 """An OpenAI-compatible server for a SteerLM model (chat, completions, rewards).
 
   # the default AC-SFT run's model on http://127.0.0.1:8000/v1
-  helpsteer-jax --config=configs/serve.py --config.init.checkpoint=workdir/acsft
+  helpsteer-jax --config=configs/serve.py --config.init.source=workdir/acsft
   # an HF directory, sampled by default as OpenAI's API, with the attribute model's rewards
-  helpsteer-jax --config=configs/serve.py --config.init.hf_path=workdir/acsft/hf \
+  helpsteer-jax --config=configs/serve.py --config.init.source=workdir/acsft/hf \
       --config.scorer.source=workdir/attribute_model
   # a published SteerLM model, tensor-parallel over 8 devices, behind an API key
   HELPSTEER_API_KEY=secret helpsteer-jax --config=configs/serve.py:llama3_70b \
-      --config.init.hf_path=/models/Llama3-70B-SteerLM-Chat
+      --config.init.source=/models/Llama3-70B-SteerLM-Chat
 
 Presets as configs/generate.py: the default (the demo `tiny` model, labels
 with the five HelpSteer attributes), `llama2_70b`, `llama3_70b`, `llama3_8b`,
@@ -66,6 +66,6 @@ def get_config(preset: str = ""):
     # bfloat16 on accelerators, float32 on CPU (runtime.decode_dtype says why).
     config.model = config_base.model_section(preset, dtype="auto", param_dtype="auto")
     config.serve.max_length = 4096
-    config.require_hf_path = preset != "smollm2_135m"
+    config.require_weights = preset != "smollm2_135m"
     return config
   raise config_base.unknown_preset("serve", preset, PRESETS)

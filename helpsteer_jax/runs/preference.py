@@ -5,7 +5,7 @@ Reads HelpSteer-2D JSONL or CSV, or prompt/chosen/rejected rows (the built-in 2D
 demo pairs by default), tokenizes each pair into a chosen and a rejected row with
 per-token segment ids, gets the reference log-probs (a cached first pass, or on the
 fly in the step), and trains the policy with the shared loop. The policy starts from
-`init.hf_path`, an AC-SFT run (`init.checkpoint`) or a fresh `model.name`. The HF
+`init.source` (an HF directory or an AC-SFT run) or a fresh `model.name`. The HF
 export's chat template steers `data.response_label`'s attributes (its scores the
 defaults) when the pairs were trained under a label, else those of the policy's
 source export.
@@ -105,7 +105,7 @@ def steer_spec(config: ml_collections.ConfigDict) -> chat_template.SteerSpec:
 
 def _model_source(config) -> str:
   m, init = config.model, config.init
-  return json.dumps({"hf_path": init.hf_path, "init_checkpoint": init.checkpoint,
+  return json.dumps({"source": init.source,
                      "init_step": init.step, "model": m.name, "seed": config.seed,
                      "dtype": m.dtype,
                      "lora_adapter": m.lora.adapter, "lora_base_dtype": m.lora.base_dtype})

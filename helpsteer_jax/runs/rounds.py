@@ -28,8 +28,6 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.generator import Generator, make_engine
 from helpsteer_jax.rl.rollout import prompt_schedule
-from helpsteer_jax.runs import policy
-from helpsteer_jax.train import state as state_lib
 
 SUMMARY = "summary.json"
 
@@ -44,7 +42,7 @@ def round_config(config: ml_collections.ConfigDict, workdir: pathlib.Path,
   r-1's final checkpoint (0: the starting policy itself)."""
   out = ml_collections.ConfigDict(config.to_dict())
   if r > 1:
-    out.init.checkpoint, out.init.step = str(round_dir(workdir, r - 1)), -1
+    out.init.source, out.init.step = str(round_dir(workdir, r - 1)), -1
   return out
 
 
@@ -75,12 +73,6 @@ def check(config: ml_collections.ConfigDict) -> None:
                       " last round's weights): set model.lora.rank=0")
   if config.iterations < 1:
     raise ConfigError(f"iterations={config.iterations}: give at least 1")
-
-
-def load_model(config: ml_collections.ConfigDict, rt: runtime.Runtime) -> nnx.Module:
-  """The policy of `config` (`round_config`'s) on the mesh, for sampling and scoring."""
-  parts, _ = policy.load_policy(config, rt)
-  return state_lib.merge_model(parts, parts.params)
 
 
 def generator(model: nnx.Module, rt: runtime.Runtime, tokenizer, config: ml_collections.ConfigDict,

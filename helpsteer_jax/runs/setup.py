@@ -1,22 +1,21 @@
-"""The preamble every task runs, and the data it reads when none is configured.
+"""The preamble every task runs.
 
 `prepare` builds the mesh and rules, checks that the workdir can be written,
-and loads the tokenizer checked against the model config. The `*_sources`
-helpers return the configured data, or write the demo data once (process 0)
-and return it. The HelpSteer-2D demo pairs are in `setup_2d`, so that the
-tasks that do not train on pairs load no pair formats.
+and loads the tokenizer checked against the model config. The data a task reads
+when none is configured is in `demo_sources` (HelpSteer rows, preference pairs,
+RewardBench) and `setup_2d` (HelpSteer-2D pairs), so that a task that reads no
+demo data loads none of their formats.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import pathlib
-from typing import Any, Callable
+from typing import Any
 
 import ml_collections
 
 from helpsteer_jax import runtime
-from helpsteer_jax.data.demo import rows as demo_rows
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import hf
 from helpsteer_jax.models.config import ModelConfig
@@ -66,35 +65,3 @@ def check_train_counts(config: ml_collections.ConfigDict) -> None:
                if k in tc and int(tc[k]) < 0]
   if problems:
     raise ConfigError("; ".join(problems))
-
-
-def _configured_or_demo(config: ml_collections.ConfigDict, workdir: pathlib.Path, marker: str,
-                        write: Callable) -> tuple[str, str]:
-  data = config.data
-  if data.train_path:
-    return data.train_path, data.validation_path
-  demo_dir = runtime.write_once(workdir / "demo_data", marker, lambda d: (
-      write(d, data.demo_train_rows, data.demo_validation_rows)))
-  return str(demo_dir), str(demo_dir)
-
-
-def helpsteer_sources(config: ml_collections.ConfigDict,
-                      workdir: pathlib.Path) -> tuple[str, str]:
-  """(train, validation) HelpSteer-format sources; the demo rows when none is configured."""
-  return _configured_or_demo(config, workdir, "validation.jsonl.gz",
-                             demo_rows.write_demo_dataset)
-
-
-def preference_sources(config: ml_collections.ConfigDict,
-                       workdir: pathlib.Path) -> tuple[str, str]:
-  """(train, validation) HelpSteer2-Preference sources; the demo pairs when none is configured."""
-  return _configured_or_demo(config, workdir, "preference/preference.jsonl.gz",
-                             demo_rows.write_demo_preference)
-
-
-def rewardbench_source(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> str:
-  """The demo's RewardBench-format file (the demo validation pairs, `rewardbench/`)."""
-  data = config.data
-  demo_dir = runtime.write_once(workdir / "demo_data", "rewardbench/filtered.jsonl", lambda d: (
-      demo_rows.write_demo_rewardbench(d, data.demo_train_rows, data.demo_validation_rows)))
-  return str(demo_dir / "rewardbench")

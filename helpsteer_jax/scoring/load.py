@@ -25,13 +25,14 @@ import pathlib
 
 import ml_collections
 
-from helpsteer_jax import config_base, runtime, saved_params, weights
+from helpsteer_jax import config_base, runtime, saved_params
 from helpsteer_jax.config_sections import init_config
 from helpsteer_jax.data.features.rm import RegressionTokenizer
 from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.load import model as loader
 from helpsteer_jax.models import hf, reward_hf
 from helpsteer_jax.models.reward import RewardModel
-from helpsteer_jax.scoring import remote, reward_model, rules
+from helpsteer_jax.scoring import remote, rules
 from helpsteer_jax.scoring.model import ModelScorer
 from helpsteer_jax.scoring.scorer import HostScorer, PrimaryScorer, Scorer
 
@@ -66,7 +67,8 @@ def load_reward_model(source: str, rt: runtime.Runtime,
                       head: str = "") -> RewardModel:
   """The trained attribute model from `source` on `rt`'s mesh: an HF
   *ForSequenceClassification directory, an attribute-model workdir / Orbax checkpoint,
-  or (with `head`, a head file) an HF causal-LM directory as the backbone.
+  or (with `head`, a head file) an HF causal-LM directory as the backbone; built by
+  `load.model.load_model` (REWARD).
 
   An Orbax checkpoint's shapes are read from it; `model` (a
   `config_base.model_section`, default the tiny model) gives the family,
@@ -74,25 +76,19 @@ def load_reward_model(source: str, rt: runtime.Runtime,
   """
   config = ml_collections.ConfigDict(dict(
       model=model.copy_and_resolve_references() if model is not None
-      else config_base.model_section("tiny"), init=init_config(checkpoint=source), seed=0))
+      else config_base.model_section("tiny"), init=init_config(source=source), seed=0))
   if head:
     if reward_hf.is_reward_dir(source):
       raise ConfigError(f"{source} holds a trained head (HF sequence classification): leave"
                         f" the head file {head} out")
-    config.init.hf_path, config.init.checkpoint, config.init.head = source, "", head
-    return reward_model.build_reward_model(config, rt)
-  if not reward_hf.is_reward_dir(source):
+    config.init.head = head
+  elif not reward_hf.is_reward_dir(source):
     shapes, step = saved_params.param_shapes(source)
-    directory = saved_params.checkpoint_dir(source)
     if not any(path[0] == "head" for path in shapes):
-      raise ConfigError(f"{directory} step {step} is not an attribute-model checkpoint (no"
-                        " reward head); give an attribute_model workdir or its HF export")
-    backbone = {path[1:]: shape for path, shape in shapes.items() if path[0] == "backbone"}
-    inferred = weights.checkpoint_shapes(backbone, runtime.model_config(config))
-    for name, value in inferred.items():
-      if name in config.model and name != "tie_word_embeddings" and config.model[name] is None:
-        config.model[name] = value
-  return reward_model.build_reward_model(config, rt)
+      raise ConfigError(f"{saved_params.checkpoint_dir(source)} step {step} is not an"
+                        " attribute-model checkpoint (no reward head); give an"
+                        " attribute_model workdir or its HF export")
+  return loader.load_model(config, rt, loader.REWARD)
 
 
 def model_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime,

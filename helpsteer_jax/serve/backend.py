@@ -17,12 +17,13 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from helpsteer_jax import runtime
+from helpsteer_jax import runtime, weights
 from helpsteer_jax.data import template
 from helpsteer_jax.data.features import tokenize
-from helpsteer_jax.inference import loading, steering
+from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.engine import Engine
 from helpsteer_jax.inference.generator import make_engine
+from helpsteer_jax.load import model as loader
 from helpsteer_jax.scoring import rewards
 from helpsteer_jax.scoring.load import load_scorer
 from helpsteer_jax.scoring.scorer import Scorer
@@ -48,7 +49,7 @@ class CompileCounter:
 def default_attributes(config: ml_collections.ConfigDict) -> dict[str, int]:
   """The attribute values a request gets unless it names others: the config's,
   else the `steerlm` section of the model's export, else NeMo's defaults."""
-  return steering.run_attributes(config, loading.steer_spec(config))
+  return steering.run_attributes(config, weights.steer_spec(config))
 
 
 @dataclasses.dataclass
@@ -71,7 +72,7 @@ class Policy:
 def load_policy(config: ml_collections.ConfigDict, rt: runtime.Runtime,
                 workdir: pathlib.Path) -> Policy:
   """The model (HF directory or Orbax checkpoint) behind a warmed-up `Engine`."""
-  model, tokenizer, pad = loading.load_with_tokenizer(config, rt, workdir)
+  model, tokenizer, pad = loader.load_with_tokenizer(config, rt, workdir)
   serve = config.serve
   engine = make_engine(model, rt.mesh, tokenizer, rules=rt.rules, max_batch=serve.max_batch,
                        max_length=serve.max_length or None, chunk_steps=serve.chunk_steps,

@@ -22,8 +22,10 @@ from helpsteer_jax.data.features.next_token import sft_features
 from helpsteer_jax.data.features.tokenize import FeatureReport
 from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.formats.task_source import load_conversations
+from helpsteer_jax.load import model as loader
 from helpsteer_jax.losses.sft import sft_loss
 from helpsteer_jax.models import builder
+from helpsteer_jax.runs import demo_sources
 from helpsteer_jax.runs import setup as setup_lib
 from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.train import abstract_step, export, loop
@@ -53,7 +55,7 @@ def load_data(config: ml_collections.ConfigDict, workdir: pathlib.Path, tokenize
               ) -> tuple[list, list, FeatureReport, BadRecordReport, chat_template.SteerSpec]:
   """(train examples, validation examples, the train report, bad records, the
   attributes the training labels carry)."""
-  train_src, val_src = setup_lib.helpsteer_sources(config, workdir)
+  train_src, val_src = demo_sources.helpsteer_sources(config, workdir)
   make = functools.partial(sft_features, tokenizer=tokenizer, seq_len=config.train.seq_len,
                            truncation=config.data.truncation, add_bos=config.data.add_bos)
   bad_records = BadRecordReport()
@@ -100,7 +102,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   fill = pipeline.packing_efficiency(train_features, seq_len, config.data.packing)
   logging.info("train data: %s; packing efficiency %.1f%%", train_report.summary(), 100 * fill)
 
-  model = runtime.build_model(config, setup.rt)
+  model = loader.load_model(config, setup.rt, loader.TRAIN)
   if first_added is not None:
     model = builder.add_token_rows(model, first_added, len(setup.tokenizer), setup.rt.mesh,
                                    setup.rt.rules, seed=config.seed)

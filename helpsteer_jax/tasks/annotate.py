@@ -35,6 +35,7 @@ from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.data.template import label_string
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.progress import Progress
+from helpsteer_jax.runs import demo_sources
 from helpsteer_jax.runs import setup as setup_lib
 from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.scoring.load import load_scorer
@@ -120,7 +121,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   setup = setup_lib.prepare(config, workdir, tokenizer=False, model=False)
   workdir = setup.workdir
   scorer = load_scorer(config.scorer, setup.rt)
-  source = config.data.input_path or setup_lib.helpsteer_sources(config, workdir)[0]
+  source = config.data.input_path or demo_sources.helpsteer_sources(config, workdir)[0]
   report = BadRecordReport()
   convs = helpsteer.read_records(source, split=config.data.input_split, fmt=config.data.format,
                                  on_bad_record=config.data.on_bad_record, report=report)

@@ -17,7 +17,7 @@ import pathlib
 import ml_collections
 from absl import logging
 
-from helpsteer_jax import processes, runtime
+from helpsteer_jax import processes, runtime, weights
 from helpsteer_jax.data.batches import BT_BATCH, REGRESSION_BATCH, BatchSchema
 from helpsteer_jax.data.features import rm as rm_data
 from helpsteer_jax.data.formats import preference
@@ -25,14 +25,16 @@ from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.formats.task_source import load_conversations
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.load import model as loader
+from helpsteer_jax.load import reward as reward_model
 from helpsteer_jax.losses.bt import BT_VARIANTS, bt_loss
 from helpsteer_jax.losses.regression import regression_loss
 from helpsteer_jax.models import reward, reward_hf
+from helpsteer_jax.runs import demo_sources
 from helpsteer_jax.runs import setup as setup_lib
 from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.scoring import evaluate as rm_eval
 from helpsteer_jax.scoring import report as rm_report
-from helpsteer_jax.scoring import reward_model
 from helpsteer_jax.scoring.model import ModelScorer
 from helpsteer_jax.train import abstract_step, export, loop
 from helpsteer_jax.train import state as state_lib
@@ -51,10 +53,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   if config.loss in BT_VARIANTS and config.data.packing:
     raise ConfigError(f"loss={config.loss} puts a preference pair in one row: set"
                       " --config.data.packing=False")
-  if config.get("require_init_checkpoint") and not config.init.checkpoint:
+  if config.get("require_init_checkpoint") and not weights.orbax_run(config.init):
     raise ConfigError("this recipe starts from a trained regression model: set"
-                      " --config.init.checkpoint=<attribute_model workdir>")
-  if config.init.checkpoint and not (config.tokenizer or config.init.hf_path) \
+                      " --config.init.source=<attribute_model workdir>")
+  if weights.orbax_run(config.init) and not config.tokenizer \
       and config.model.name != "tiny":
     raise ConfigError(f"initialising a {config.model.name} model from a checkpoint needs"
                       " its tokenizer: set --config.tokenizer=/path/to/the/HF/model/directory")
@@ -72,13 +74,13 @@ def load_data(config, workdir: pathlib.Path, tokenizer) -> tuple[list, list, lis
   """(train features, eval features, validation records, report) for the loss."""
   data, seq_len = config.data, config.train.seq_len
   if config.loss == "regression":
-    train_src, val_src = setup_lib.helpsteer_sources(config, workdir)
+    train_src, val_src = demo_sources.helpsteer_sources(config, workdir)
     read = functools.partial(load_conversations, config=config)
     make = rm_data.regression_features
     train_records = read(train_src, "train")
     val_records = read(val_src, data.validation_split) if val_src else []
   else:
-    train_src, val_src = setup_lib.preference_sources(config, workdir)
+    train_src, val_src = demo_sources.preference_sources(config, workdir)
     make = rm_data.bt_features
     train_records = _read_pairs(train_src, "train", config)
     val_records = _read_pairs(val_src, data.validation_split, config) if val_src else []
@@ -135,12 +137,11 @@ def abstract_train_step(config: ml_collections.ConfigDict,
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   check_config(config)
-  reward_model.resolve_source(config)
   setup = setup_lib.prepare(config, workdir)
   rt, workdir = setup.rt, setup.workdir
   train_features, eval_features, val_records, data_report = load_data(config, workdir,
                                                                       setup.tokenizer)
-  model = reward_model.build_reward_model(config, rt)
+  model = loader.load_model(config, rt, loader.REWARD)
   parts = state_lib.split_model(model, rt.mesh, rt.rules)
   del model
   trainer = loop.Trainer(

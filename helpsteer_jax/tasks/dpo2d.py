@@ -4,7 +4,7 @@ Reads HelpSteer-2D JSONL or CSV (the built-in 2D demo pairs by default),
 tokenizes each pair into a chosen and a rejected row with per-token segment
 ids, gets the reference log-probs (a cached first pass, or on the fly in the
 step), and trains the policy with the shared loop. The policy starts from
-`init.hf_path`, an AC-SFT run (`init.checkpoint`) or a fresh `model.name`.
+`init.source` (an HF directory or an AC-SFT run) or a fresh `model.name`.
 The HF export's chat template steers `data.response_label`'s attributes (its
 scores the defaults) when the pairs were trained under a label, else those
 of the policy's source export.

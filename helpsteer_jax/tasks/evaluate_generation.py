@@ -18,12 +18,12 @@ import pathlib
 
 import ml_collections
 
-from helpsteer_jax import multihost, processes
+from helpsteer_jax import multihost, processes, weights
 from helpsteer_jax.errors import ConfigError, HelpsteerError
 from helpsteer_jax.eval import mt_bench_data, mt_bench_judgments, mt_bench_report
 from helpsteer_jax.eval.judge_client import JudgmentCache, OpenAIJudge
 from helpsteer_jax.eval.mt_bench_answers import answer_all
-from helpsteer_jax.inference import loading, steering
+from helpsteer_jax.inference import steering
 from helpsteer_jax.runs import setup as setup_lib
 from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.runs.generation import build_generator, sampling_config
@@ -132,7 +132,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if config.batch_size < 1 or config.max_new_tokens < 1:
     raise ConfigError("batch_size and max_new_tokens must be at least 1")
   questions, prompts = selected_questions(config)
-  attributes = steering.run_attributes(config, loading.steer_spec(config))
+  attributes = steering.run_attributes(config, weights.steer_spec(config))
   sampling = sampling_config(config)
   _check_judge(config)
   model_id = config.model_id or workdir.resolve().name

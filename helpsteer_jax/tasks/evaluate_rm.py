@@ -37,6 +37,7 @@ from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.progress import Progress
+from helpsteer_jax.runs import demo_sources
 from helpsteer_jax.runs import setup as setup_lib
 from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.scoring import evaluate as rm_eval
@@ -90,9 +91,9 @@ def _sources(config, workdir: pathlib.Path) -> tuple[str, str, str]:
   validation, pairs = data.validation_path, data.preference_path
   rewardbench = data.rewardbench_path
   if not (validation or pairs or rewardbench):  # the demo rows and pairs
-    validation = setup_lib.helpsteer_sources(config, workdir)[1]
-    pairs = setup_lib.preference_sources(config, workdir)[1]
-    rewardbench = setup_lib.rewardbench_source(config, workdir)
+    validation = demo_sources.helpsteer_sources(config, workdir)[1]
+    pairs = demo_sources.preference_sources(config, workdir)[1]
+    rewardbench = demo_sources.rewardbench_source(config, workdir)
   return validation, pairs, rewardbench
 
 

@@ -9,7 +9,7 @@ Both are read by the existing loaders in fp32 on the mesh, combined by one
 jitted function over the sharded trees (fp32, cast back to theta_1's saved
 dtype per parameter; alpha = 0 returns theta_1 bit for bit) and written per
 alpha to `<workdir>/alpha_<alpha>/`: `checkpoints/<step>` (the params-only
-Orbax layout every `init.checkpoint` / `scorer.source` reads) and `hf/` (the
+Orbax layout every `init.source` / `scorer.source` reads) and `hf/` (the
 causal LM with theta_1's tokenizer, chat template and `steerlm` section, or
 the *ForSequenceClassification directory) plus a reward model's `head.npz`.
 Every process computes; process 0 writes the files, Orbax the checkpoints.
@@ -31,14 +31,14 @@ from flax import nnx
 from helpsteer_jax import config_base, processes, runtime, saved_params
 from helpsteer_jax.data import chat_template
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.inference import loading
+from helpsteer_jax.load import model as loader
+from helpsteer_jax.load import reward as reward_model
 from helpsteer_jax.models import hf, reward_hf
 from helpsteer_jax.runs import expo_sources
 from helpsteer_jax.runs import setup as setup_lib
 from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.runs.expo_sources import REWARD, Source
 from helpsteer_jax.scoring import load as scoring_load
-from helpsteer_jax.scoring import reward_model
 
 # What a source's HF export carries beyond the weights writer's own files (the SteerLM
 # training export adds them): config.json's steerlm section, the turn marker as an EOS id.
@@ -96,9 +96,9 @@ def load_source(source: Source, config: ml_collections.ConfigDict,
   model = _model_section(config)
   if source.kind == REWARD:
     return scoring_load.load_reward_model(str(source.path), rt, model)
-  where = {"hf_path": str(source.path)} if source.hf else {"checkpoint": str(source.path)}
-  return loading.load_model(ml_collections.ConfigDict(dict(
-      model=model, init=config_base.init_section(**where), seed=config.seed)), rt)
+  return loader.load_model(ml_collections.ConfigDict(dict(
+      model=model, init=config_base.init_section(source=str(source.path)), seed=config.seed)),
+      rt, loader.DECODE)
 
 
 def _params(model: nnx.Module) -> dict:

@@ -24,11 +24,11 @@ import time
 import ml_collections
 from absl import logging
 
-from helpsteer_jax import multihost, processes, resume, runtime
+from helpsteer_jax import multihost, processes, resume, runtime, weights
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import best_of_n as best_of_n_lib
 from helpsteer_jax.inference import chat as chat_lib
-from helpsteer_jax.inference import loading, steering
+from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.generator import Generator
 from helpsteer_jax.inference.sampling import SamplingConfig
 from helpsteer_jax.runs import setup as setup_lib
@@ -90,7 +90,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if config.best_of_n.n > 1 and sampling.greedy:
     raise ConfigError(f"best_of_n.n={config.best_of_n.n} needs sampling: set"
                       " --config.sampling.temperature to a value > 0")
-  attributes = steering.run_attributes(config, loading.steer_spec(config))
+  attributes = steering.run_attributes(config, weights.steer_spec(config))
   requests = read_input(config, attributes) if config.mode == "file" else []
   setup = setup_lib.prepare(config, workdir, tokenizer=False, model=False)
   generator = build_generator(config, setup.rt, workdir)

@@ -26,6 +26,7 @@ from helpsteer_jax.data.records import HELPSTEER_ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import best_of_n, steering
 from helpsteer_jax.inference.sampling import SamplingConfig
+from helpsteer_jax.load import model as loader
 from helpsteer_jax.losses.dpo2d import SEQUENCE_LOSSES
 from helpsteer_jax.resume import append_batches
 from helpsteer_jax.runs import policy, preference, prompts, rounds
@@ -102,7 +103,8 @@ def sample_round(config, setup, r: int, requests, scorer, weights) -> pathlib.Pa
   chosen = [requests[i] for i in rounds.prompt_indices(
       len(requests), config.prompts.per_iteration, config.seed, r)]
   sc = config.sampling
-  model = rounds.load_model(rounds.round_config(config, setup.workdir, r), setup.rt)
+  model = loader.load_model(rounds.round_config(config, setup.workdir, r), setup.rt,
+                             loader.DECODE)
   gen = rounds.generator(model, setup.rt, setup.tokenizer, config,
                          sc.max_batch or sc.batch_prompts * sc.responses)
   sampling = SamplingConfig(temperature=sc.temperature, top_p=sc.top_p, top_k=sc.top_k)
@@ -137,7 +139,8 @@ def evaluate(config, setup, r: int, requests, scorer, weights) -> float:
   """The mean reward of the greedy answers of round r's result (0: the start)."""
   rdir = rounds.round_dir(setup.workdir, r)
   rdir.mkdir(parents=True, exist_ok=True)
-  model = rounds.load_model(rounds.round_config(config, setup.workdir, r + 1), setup.rt)
+  model = loader.load_model(rounds.round_config(config, setup.workdir, r + 1), setup.rt,
+                             loader.DECODE)
   gen = rounds.generator(model, setup.rt, setup.tokenizer, config, len(requests))
   results = best_of_n.best_of_n(gen, requests, 1, scorer, weights,
                                 config.sampling.max_new_tokens, SamplingConfig())

@@ -15,6 +15,7 @@ from flax import nnx
 
 from helpsteer_jax import runtime
 from helpsteer_jax import sharding as sharding_lib
+from helpsteer_jax.load import model as loader
 from helpsteer_jax.models import builder
 from helpsteer_jax.runs import setup as setup_lib
 from helpsteer_jax.runs import summary as summary_lib
@@ -24,7 +25,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   setup = setup_lib.prepare(config, workdir, model=False)
   rt, tok = setup.rt, setup.tokenizer
   sharding_lib.check_batch(config.batch_size, rt.mesh, rt.rules)
-  model = runtime.build_model(config, rt)
+  model = loader.load_model(config, rt, loader.TRAIN)
   ids = tok(config.prompt).input_ids
   tokens = np.full((config.batch_size, len(ids)), tok.pad_token_id or 0, np.int32)
   tokens[:] = ids

@@ -32,7 +32,7 @@ def model_name(config: ml_collections.ConfigDict) -> str:
   """`serve.model_name`, else the model directory's name."""
   if config.serve.model_name:
     return config.serve.model_name
-  path = config.init.hf_path or config.init.checkpoint
+  path = config.init.source
   return pathlib.Path(path).expanduser().resolve().name if path else "helpsteer-jax"
 
 

@@ -18,11 +18,11 @@ import time
 
 import ml_collections
 
-from helpsteer_jax import processes, runtime
+from helpsteer_jax import processes, runtime, weights
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.eval import mt_bench_data, sweep_report
 from helpsteer_jax.eval import steering_sweep as sweep_lib
-from helpsteer_jax.inference import loading, steering
+from helpsteer_jax.inference import steering
 from helpsteer_jax.runs import generation
 from helpsteer_jax.runs import setup as setup_lib
 from helpsteer_jax.scoring.load import load_scorer
@@ -63,7 +63,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if config.batch_size < 1 or config.max_new_tokens < 1:
     raise ConfigError("batch_size and max_new_tokens must be at least 1")
   values = sweep_lib.parse_values(config.sweep.scores)
-  defaults = steering.run_attributes(config, loading.steer_spec(config))
+  defaults = steering.run_attributes(config, weights.steer_spec(config))
   swept = sweep_lib.parse_attributes(config.sweep.attributes, tuple(defaults))
   grid = sweep_lib.settings(defaults, swept, values)
   prompts, source = read_prompts(config, defaults)
@@ -87,7 +87,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if not processes.is_primary():
     return result
   summary = {
-      "model": config.init.hf_path or config.init.checkpoint or config.model.name,
+      "model": config.init.source or config.model.name,
       "prompt_source": source, "prompts": len(prompts), "defaults": defaults,
       "sampling": config.sampling.to_dict(), "max_new_tokens": config.max_new_tokens,
       "scorer": config.scorer.source or None,

@@ -45,6 +45,7 @@ from helpsteer_jax.eval import adherence, sweep_report
 from helpsteer_jax.eval import steering_sweep as sweep_lib
 from helpsteer_jax.inference import best_of_n, steering
 from helpsteer_jax.inference.sampling import SamplingConfig
+from helpsteer_jax.load import model as loader
 from helpsteer_jax.losses import steerlm2 as loss_lib
 from helpsteer_jax.models import builder
 from helpsteer_jax.resume import append_batches
@@ -211,11 +212,11 @@ def _matches(row: dict, request: steering.Request) -> bool:
 
 def _unconditional(config, rt, start_model):
   u = config.unconditional
-  if not (u.hf_path or u.checkpoint):
+  if not u.source:
     return start_model
   cu = ml_collections.ConfigDict(config.to_dict())
-  cu.init.hf_path, cu.init.checkpoint, cu.init.step = u.hf_path, u.checkpoint, u.step
-  return rounds.load_model(cu, rt)
+  cu.init.source, cu.init.step = u.source, u.step
+  return loader.load_model(cu, rt, loader.DECODE)
 
 
 def sample_round(config, setup, r: int, requests, names, scorer) -> pathlib.Path:
@@ -226,8 +227,8 @@ def sample_round(config, setup, r: int, requests, names, scorer) -> pathlib.Path
   chosen = [requests[i] for i in rounds.prompt_indices(
       len(requests), config.prompts.per_iteration, config.seed, r)]
   cr = rounds.round_config(config, workdir, r)
-  model = rounds.load_model(cr, setup.rt)
-  start = model if r == 1 else rounds.load_model(config, setup.rt)
+  model = loader.load_model(cr, setup.rt, loader.DECODE)
+  start = model if r == 1 else loader.load_model(config, setup.rt, loader.DECODE)
   sampler = Sampler(config, setup, model, _unconditional(config, setup.rt, start), scorer,
                     names, rounds.sampling_seed(config.seed, r))
   done = append_batches(path, chosen, _matches, "--workdir", config.sampling.batch_prompts,
@@ -279,7 +280,8 @@ def evaluate(config, setup, r: int, names, defaults, scorer) -> None:
                            "steering sweep prompts")
   held_out = rounds.fitting(read_requests(config, names, defaults, held_out=True),
                             setup.tokenizer, config, ec.max_new_tokens, "held-out requests")
-  model = rounds.load_model(rounds.round_config(config, setup.workdir, r + 1), setup.rt)
+  model = loader.load_model(rounds.round_config(config, setup.workdir, r + 1), setup.rt,
+                             loader.DECODE)
   gen = rounds.generator(model, setup.rt, setup.tokenizer, config, ec.batch_size)
   adherence.answer(gen, held_out, rdir / REQUEST_ROWS, batch_size=ec.batch_size,
                    max_new_tokens=ec.max_new_tokens, scorer=scorer, seed=config.seed)

@@ -64,7 +64,7 @@ def check_or_record(directory: str | pathlib.Path, base: dict, resuming: bool) -
       raise ConfigError(
           f"the checkpoints in {directory} hold LoRA adapters trained on other base weights"
           f" ({len(diffs)} tensors differ, e.g. {'; '.join(diffs[:3])}): resume with the"
-          " same init.hf_path / base_dtype, or start in a new workdir")
+          " same init.source / base_dtype, or start in a new workdir")
     return
   if processes.is_primary():
     path.parent.mkdir(parents=True, exist_ok=True)

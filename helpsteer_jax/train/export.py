@@ -8,7 +8,7 @@ from typing import Any, Callable
 import ml_collections
 from absl import logging
 
-from helpsteer_jax import processes
+from helpsteer_jax import processes, weights
 from helpsteer_jax.data import chat_template
 from helpsteer_jax.models import builder, hf, peft_adapters
 from helpsteer_jax.train import state as state_lib
@@ -46,7 +46,7 @@ def hf_exporter(workdir: pathlib.Path, tokenizer_dir: str | Any, tokenizer: Any,
       head = getattr(model, "head", None)
       peft_adapters.save_adapters(
           decoder.cfg, builder.adapter_params(decoder), adapter_dir,
-          base_model=config.init.hf_path, task_type="SEQ_CLS" if head else "CAUSAL_LM",
+          base_model=weights.hf_dir(config.init), task_type="SEQ_CLS" if head else "CAUSAL_LM",
           extra_tensors=None if head is None
           else {"score.weight": peft_adapters.host_array(head.kernel[...]).T})
       if processes.is_primary():

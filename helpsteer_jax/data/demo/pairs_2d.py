@@ -21,7 +21,7 @@ import pathlib
 import numpy as np
 
 from helpsteer_jax.data.demo import rows
-from helpsteer_jax.data.formats.helpsteer_2d import ASPECTS_2D
+from helpsteer_jax.data.records import ASPECTS_2D
 
 KIND_SCORES = {  # helpfulness, correctness, safety, completeness, clarity
     "right": (4, 4, 4, 3, 4),

@@ -48,9 +48,9 @@ from helpsteer_jax.data.formats.rows import (
   required_text,
   resolve_source,
 )
+from helpsteer_jax.data.records import ASPECTS_2D
 from helpsteer_jax.errors import ConfigError, DataError
 
-ASPECTS_2D = ("helpfulness", "correctness", "safety", "completeness", "clarity")
 CSV_COLUMNS = ("instruction", "chosen", "rejected", "chosen segment scores",
                "rejected segment scores")
 CSV_ASPECTS = ("score",)

@@ -6,16 +6,17 @@ the module class (every family so far is the shared `Decoder` with its
 knobs set), the parameter mapping used by HF import / export, and the
 checkpoint shape inference. Everything outside `models/` goes through this
 registry or `models.builder`, never through a family by name. A new family
-is a module here plus a line in `FAMILIES`.
+is a module here plus a line in `FAMILIES`. A family's module is imported when
+it is first asked for, so that a run loads the one it uses.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from helpsteer_jax.models.config import ModelConfig
-from helpsteer_jax.models.families import gemma2, llama, mistral, qwen2, qwen3
 from helpsteer_jax.models.families.base import Family, ParamMapping, block_ranges
 from helpsteer_jax.models.hf_config import (
   UnsupportedCheckpointError,
@@ -25,11 +26,28 @@ from helpsteer_jax.models.hf_config import (
   read_hf_config,
 )
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (
-    llama.FAMILY, mistral.FAMILY, qwen2.FAMILY, qwen3.FAMILY, gemma2.FAMILY)}
-ARCHITECTURES = {name: f.architecture for name, f in FAMILIES.items()}
 
-__all__ = ["ARCHITECTURES", "FAMILIES", "Family", "ParamMapping", "block_ranges",
+class _Registry(Mapping[str, Family]):
+  """HF model_type -> its `Family`, each read from the module of that name on first use."""
+
+  def __init__(self, model_types: tuple[str, ...]):
+    self._model_types = model_types
+
+  def __getitem__(self, model_type: str) -> Family:
+    if model_type not in self._model_types:
+      raise KeyError(model_type)
+    return importlib.import_module(f"{__name__}.{model_type}").FAMILY
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(self._model_types)
+
+  def __len__(self) -> int:
+    return len(self._model_types)
+
+
+FAMILIES: Mapping[str, Family] = _Registry(("llama", "mistral", "qwen2", "qwen3", "gemma2"))
+
+__all__ = ["FAMILIES", "Family", "ParamMapping", "block_ranges",
            "config_from_hf", "config_to_hf", "for_config", "get"]
 
 

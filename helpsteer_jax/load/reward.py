@@ -1,15 +1,14 @@
 """The attribute model (a `RewardModel`): built from where its weights are, and its head file.
 
-A whole trained model comes from an HF *ForSequenceClassification directory
-(the attribute model's HF export, as `init.checkpoint` or `init.hf_path`;
-detected by config.json `architectures`) or from an attribute-model Orbax
-checkpoint (`init.checkpoint`: a workdir or its `checkpoints` directory; only
-the parameters are read). Otherwise the backbone comes from `init.hf_path`
-(an HF causal LM, e.g. an AC-SFT export), another task's Orbax checkpoint,
-or a random initialisation, and the head from a head file written by a
-previous run (`init.head=/path/head.npz`) or zeros. `build_reward_model`
-serves the tasks that train, evaluate or export it; `load.load_reward_model`
-builds the config for it from a path alone (the scorers).
+`init.source` names them (`weights` tells which kind): a whole trained model is an HF
+*ForSequenceClassification directory (the attribute model's HF export; detected by
+config.json `architectures`) or an attribute-model Orbax run (a workdir or its
+`checkpoints` directory; only the parameters are read, the shapes from its metadata).
+Otherwise the backbone comes from an HF causal LM (an AC-SFT export, say), another
+task's Orbax run, or a random initialisation, and the head from a head file written by
+a previous run (`init.head=/path/head.npz`) or zeros. Tasks reach `build_reward_model`
+through `load.model.load_model(..., REWARD)`; `scoring.load.load_reward_model` builds the
+config for it from a path alone (the scorers).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from helpsteer_jax import runtime, saved_params
+from helpsteer_jax import runtime, saved_params, weights
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
@@ -61,37 +60,15 @@ def load_head(path: str | os.PathLike, hidden_size: int) -> dict[str, np.ndarray
   return head
 
 
-def resolve_source(config: ml_collections.ConfigDict) -> None:
-  """An HF reward-model directory given as `init.checkpoint` becomes `init.hf_path`.
-
-  A *ForSequenceClassification directory (the attribute model's HF export)
-  holds the whole model and its tokenizer, so everything then reads it
-  where it reads HF models. Idempotent; call it before the tokenizer or the
-  model config is resolved.
-  """
-  ckpt, hf_path = config.init.checkpoint, config.init.hf_path
-  if ckpt and reward_hf.is_reward_dir(ckpt):
-    if hf_path and hf_path != ckpt:
-      raise ConfigError(f"init.checkpoint={ckpt} is a whole reward model (HF"
-                        f" sequence classification) but init.hf_path={hf_path} names"
-                        " another model; set only one of them")
-    config.init.hf_path, config.init.checkpoint = ckpt, ""
-  elif hf_path and reward_hf.is_reward_dir(hf_path) and ckpt:
-    raise ConfigError(f"init.hf_path={hf_path} is a whole reward model (HF sequence"
-                      f" classification) but init.checkpoint={ckpt} would replace its"
-                      f" weights: pass it as --config.init.checkpoint={hf_path} alone, or clear"
-                      " --config.init.checkpoint=''")
-
-
 def hf_reward_dir(config: ml_collections.ConfigDict) -> str:
-  """`init.hf_path` if it is an HF reward model (after `resolve_source`), else ''."""
-  path = config.init.hf_path
+  """`init.source` if it is an HF reward-model directory, else ''."""
+  path = weights.hf_dir(config.init)
   return path if path and reward_hf.is_reward_dir(path) else ""
 
 
 def _saved_reward_params(config) -> tuple[pathlib.Path, int, dict, bool]:
   """(directory, step, saved params metadata, whether it is a reward model)."""
-  directory, step = saved_params.resolve(config.init.checkpoint, config.init.step)
+  directory, step = saved_params.resolve(weights.orbax_run(config.init), config.init.step)
   saved = saved_params.params_metadata(directory, step)
   return directory, step, saved, "backbone" in saved and "head" in saved
 
@@ -127,7 +104,7 @@ def _check_shapes(saved: dict, target: dict, directory: pathlib.Path) -> None:
       raise ConfigError(
           f"{directory}: parameter {name} is {None if got is None else tuple(got.shape)} in"
           f" the checkpoint but {tuple(leaf.shape)} in this model; set the model shape"
-          " (model.name / init.hf_path / --config.model.hidden_size=...) to the one"
+          " (model.name / init.source / --config.model.hidden_size=...) to the one"
           " that wrote the checkpoint")
 
 
@@ -148,7 +125,7 @@ def _head_bias(config: ml_collections.ConfigDict, trained: bool | None, where: s
 
 
 def build_reward_model(config: ml_collections.ConfigDict, rt: runtime.Runtime) -> RewardModel:
-  """The sharded reward model, initialised as `config.init` / `init.hf_path` say.
+  """The sharded reward model, initialised as `config.init` says.
 
   The sources: an HF *ForSequenceClassification directory (backbone and
   head), an Orbax checkpoint (an attribute model's: both; any other
@@ -156,25 +133,25 @@ def build_reward_model(config: ml_collections.ConfigDict, rt: runtime.Runtime) -
   or a random backbone; the head, unless the source holds one, from
   `init.head` (a head file) or zeros.
   """
-  resolve_source(config)
   cfg = runtime.model_config(config)
-  builder.validate_model_on_mesh(cfg, rt.mesh, rt.rules)
   if hf_dir := hf_reward_dir(config):
+    builder.validate_model_on_mesh(cfg, rt.mesh, rt.rules)
     if config.init.head != "auto":
-      raise ConfigError(f"init.hf_path={hf_dir} holds a trained head; leave init.head=auto")
+      raise ConfigError(f"init.source={hf_dir} holds a trained head; leave init.head=auto")
     reward_hf.reward_config_from_hf(hf_dir)  # the nine attributes as labels
     _head_bias(config, False, hf_dir)
     logging.info("reward model (backbone and head) from %s", hf_dir)
     return nnx.merge(*reward_hf.load_reward_state(hf_dir, cfg, rt.mesh, rt.rules))
   source, head_file, trained = None, None, None
-  if config.init.checkpoint:
+  if weights.orbax_run(config.init):
     source = _saved_reward_params(config)
     if source[3] and config.init.head == "auto":
       trained = "bias" in source[2]["head"]
+  builder.validate_model_on_mesh(cfg, rt.mesh, rt.rules)
   if trained is None and config.init.head not in ("auto", "zeros"):
     head_file = load_head(config.init.head, cfg.hidden_size)
     trained = "bias" in head_file
-  head_bias = _head_bias(config, trained, config.init.checkpoint or config.init.head)
+  head_bias = _head_bias(config, trained, config.init.source or config.init.head)
   graphdef, abstract_state = builder.abstract_module(
       lambda: reward_model(cfg, config.seed, head_bias))
   shardings = nnx.to_pure_dict(builder.state_shardings(abstract_state, rt.mesh, rt.rules))
@@ -182,7 +159,7 @@ def build_reward_model(config: ml_collections.ConfigDict, rt: runtime.Runtime) -
   if source is not None:
     params = _restore_from_checkpoint(config, abstract, shardings, source)
   else:
-    backbone = runtime.build_model(config, rt)
+    backbone = runtime.build_model(config, rt, cfg)
     params = {"backbone": nnx.to_pure_dict(nnx.state(backbone, nnx.Param))}
     params["backbone"].pop("lm_head", None)
     del backbone
@@ -198,12 +175,10 @@ def build_reward_model(config: ml_collections.ConfigDict, rt: runtime.Runtime) -
 
 
 def require_trained(config: ml_collections.ConfigDict, what: str) -> None:
-  """ConfigError unless some trained head will be loaded (after `resolve_source`)."""
-  resolve_source(config)
+  """ConfigError unless some trained head will be loaded."""
   if hf_reward_dir(config):
     return
-  if not config.init.checkpoint and config.init.head in ("auto", "zeros"):
+  if not weights.orbax_run(config.init) and config.init.head in ("auto", "zeros"):
     raise ConfigError(f"{what} needs a trained attribute model: set"
-                      " --config.init.checkpoint=<attribute_model workdir or its HF export"
-                      " directory> (or --config.init.hf_path=<backbone> with"
-                      " --config.init.head=<head.npz>)")
+                      " --config.init.source=<attribute_model workdir or its HF export"
+                      " directory> (or an HF backbone with --config.init.head=<head.npz>)")
