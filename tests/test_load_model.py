@@ -118,3 +118,15 @@ def test_an_attribute_model_is_not_a_policy(sources, name):
 def test_an_unknown_role_is_refused():
   with pytest.raises(ValueError, match="unknown role"):
     loader.load_model(_config(), None, "critic")
+
+
+def test_a_run_of_lora_adapters_alone_is_refused_naming_what_to_set(sources, tmp_path):
+  """A LoRA run's checkpoints hold its adapters, not the base they adapt."""
+  config = _config(str(sources / "policy_run"))
+  config.model.lora.rank = 4
+  rt = runtime.setup(config, jax.devices()[:1])
+  adapters = builder.adapter_params(loader.load_model(config, rt, loader.TRAIN))
+  saved_params.save_params(tmp_path / "lora_run", adapters, 5)
+  assert weights.inspect(str(tmp_path / "lora_run"), "init.source").lora
+  with pytest.raises(ConfigError, match=r"LoRA adapters only.*model.lora.adapter"):
+    loader.load_model(_config(str(tmp_path / "lora_run")), rt, loader.TRAIN)
