@@ -3,11 +3,12 @@
 An iteration:
 
 1. samples K completions for each of its P prompts with the current policy
-   (`rollout.sample`, the engine's batch API; the prompts of iteration i and
-   every completion's seed are derived from (seed, i), so a resumed or
-   repeated iteration draws the same ones on every process);
-2. scores them with the attribute scorer (the same predictions on every
-   process) and turns the predictions into rewards (`rewards`);
+   and scores them with the attribute scorer (`rollout.sample_and_score` on
+   `inference.sample_score`, the engine's batch API; the prompts of iteration
+   i and every completion's seed are derived from (seed, i), so a resumed or
+   repeated iteration draws the same ones, and the same predictions, on every
+   process);
+2. turns the predictions into rewards (`rewards`);
 3. computes the reference's log-probabilities on the training path, and the
    sampling policy's when an iteration makes several optimizer steps (or
    top-p/top-k truncate the sampler): the sampler's own differ from the
@@ -52,7 +53,7 @@ from helpsteer_jax.rl import objective, rewards, rollout
 from helpsteer_jax.rl.rollout import Prompt
 from helpsteer_jax.rl.settings import RLSettings
 from helpsteer_jax.scoring import rewards as scoring_rewards
-from helpsteer_jax.scoring.scorer import Scorer, predict
+from helpsteer_jax.scoring.scorer import Scorer
 from helpsteer_jax.train import base_fingerprint, loop, optim, run_loop
 from helpsteer_jax.train import checkpoint as ckpt_lib
 from helpsteer_jax.train import state as state_lib
@@ -172,13 +173,6 @@ class RLTrainer:
     return rollout.prompt_schedule(len(self.train_prompts), self.s.prompts, self.config.seed,
                                    iteration)
 
-  def _score(self, prompts: Sequence[Prompt], texts: Sequence[str],
-             finished: Sequence[bool], per_prompt: int) -> np.ndarray:
-    convs = [prompts[b // per_prompt].request.answered(
-        steering.response_text(text, "stop" if done else "length"))
-        for b, (text, done) in enumerate(zip(texts, finished))]
-    return predict(convs, self.scorer)
-
   def _requested(self, prompts: Sequence[Prompt], per_prompt: int) -> list[dict]:
     return [prompts[b // per_prompt].request.attributes
             for b in range(len(prompts) * per_prompt)]
@@ -219,13 +213,15 @@ class RLTrainer:
     s, tc = self.s, self.tc
     t0 = time.perf_counter()
     prompts = [self.train_prompts[i] for i in self.prompt_indices(iteration)]
-    r = rollout.sample(self.engine, [p.ids for p in prompts], s.k, s.max_new_tokens,
-                       temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                       seed=self.config.seed, step=iteration, pad_id=self.engine.pad_id)
-    t_rollout = time.perf_counter() - t0
-    rows = objective.pack(r, tc.seq_len, self.engine.pad_id)
-    pending = self._dispatch_logprobs(rows)
-    preds = self._score(prompts, r.texts, r.finished, s.k)
+
+    def sampled(r: rollout.Rollouts) -> tuple[float, dict[str, np.ndarray], list]:
+      rows = objective.pack(r, tc.seq_len, self.engine.pad_id)
+      return time.perf_counter() - t0, rows, self._dispatch_logprobs(rows)
+
+    r, preds, (t_rollout, rows, pending) = rollout.sample_and_score(
+        self.engine, prompts, s.k, s.max_new_tokens, self.scorer, temperature=s.temperature,
+        top_p=s.top_p, top_k=s.top_k, seed=self.config.seed, step=iteration,
+        pad_id=self.engine.pad_id, on_sampled=sampled)
     requested = self._requested(prompts, s.k)
     raw = scoring_rewards.rewards(preds, self.weights)
     reward = self._rewards(preds, requested)
@@ -309,9 +305,9 @@ class RLTrainer:
     length; process 0 writes them to `samples/iteration_<N>.jsonl`."""
     if not self.eval_prompts:
       return {}
-    r = rollout.sample(self.engine, [p.ids for p in self.eval_prompts], 1, max_new_tokens,
-                       temperature=0.0, pad_id=self.engine.pad_id)
-    preds = self._score(self.eval_prompts, r.texts, r.finished, 1)
+    r, preds, _ = rollout.sample_and_score(self.engine, self.eval_prompts, 1, max_new_tokens,
+                                           self.scorer, temperature=0.0,
+                                           pad_id=self.engine.pad_id)
     raw = scoring_rewards.rewards(preds, self.weights)
     requested = self._requested(self.eval_prompts, 1)
     out = {"reward": float(np.mean(raw)), "response_length": float(r.mask.sum(-1).mean()),

@@ -8,6 +8,7 @@ every task loads one (`scoring.load.load_scorer` of `config.scorer`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pathlib
 import threading
 from typing import Any, Callable
@@ -18,8 +19,6 @@ import numpy as np
 from absl import logging
 
 from helpsteer_jax import runtime
-from helpsteer_jax.data import template
-from helpsteer_jax.data.features import tokenize
 from helpsteer_jax.inference import loading, steering
 from helpsteer_jax.inference.engine import Engine
 from helpsteer_jax.inference.generator import make_engine
@@ -57,7 +56,7 @@ class Policy:
 
   engine: Engine
   tokenizer: Any
-  encode: Callable[[str], list[int]]  # a chat prompt (config.add_bos)
+  encode: Callable[[str], list[int]]  # a rendered chat prompt (steering.encode_prompt)
 
   def encode_plain(self, text: str) -> list[int]:
     """`text` as the tokenizer itself encodes it, with its own special tokens (a BOS only
@@ -76,12 +75,8 @@ def load_policy(config: ml_collections.ConfigDict, rt: runtime.Runtime,
   engine = make_engine(model, rt.mesh, tokenizer, rules=rt.rules, max_batch=serve.max_batch,
                        max_length=serve.max_length or None, chunk_steps=serve.chunk_steps,
                        pad_id=pad, stop_strings=tuple(config.stop_strings))
-
-  def encode(text: str) -> list[int]:
-    pieces = [template.Piece(text, False)]
-    return tokenize.tokenize_pieces(pieces, tokenizer, add_bos=config.add_bos).ids.tolist()
-
-  return Policy(engine, tokenizer, encode)
+  return Policy(engine, tokenizer, functools.partial(steering.encode_prompt, tokenizer=tokenizer,
+                                                     add_bos=config.add_bos))
 
 
 @dataclasses.dataclass
