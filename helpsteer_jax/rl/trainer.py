@@ -40,7 +40,7 @@ import jax
 import ml_collections
 import numpy as np
 from absl import logging
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 
 from helpsteer_jax import processes, runtime
 from helpsteer_jax import sharding as sharding_lib
@@ -143,7 +143,8 @@ class RLTrainer:
     frozen = () if reference in (None, "adapters_off") else (reference[0],)
     frozen_shardings = () if not frozen else (reference[1],)
 
-    def logprobs(params, base, batch, *ref):
+    def logprobs(params, base, *args):
+      *ref, batch = args
       with sharding_lib.axis_rules(rules):
         model = state_lib.merge_model(parts, params, base)
         out = {}
@@ -154,11 +155,9 @@ class RLTrainer:
                                                     chunk, temperature)
         return out
 
-    with jax.set_mesh(self.rt.mesh):
-      # Replicated outputs: every process reads every row's log-probabilities.
-      self._logprobs = jax.jit(logprobs, in_shardings=(
-          self.state_shardings.params, parts.base_shardings, self.rows_sharding,
-          *frozen_shardings), out_shardings=NamedSharding(self.rt.mesh, PartitionSpec()))
+    self._logprobs = sharding_lib.FrozenPass(
+        logprobs, self.rt.mesh, self.rows_sharding, self.tc.micro_batch,
+        (self.state_shardings.params, parts.base_shardings, *frozen_shardings))
     self._frozen, self._logprob_outputs = frozen, with_old or with_ref
 
   def policy_model(self):
@@ -192,20 +191,17 @@ class RLTrainer:
     """Starts the training path's log-prob pass over `rows` (see `_compile`)."""
     if not self._logprob_outputs:
       return []
-    return objective.chunked(
-        lambda b: self._logprobs(self.state.params, self.parts.base, b, *self._frozen), rows,
-        ("inputs", "targets", "positions", "segment_ids", "at"), self.tc.micro_batch,
-        self.rows_sharding, self.rt.mesh, fetch=False)
+    fields = ("inputs", "targets", "positions", "segment_ids", "at")
+    return self._logprobs.batches((self.state.params, self.parts.base, *self._frozen),
+                                  {k: rows[k] for k in fields})
 
   def _fetch_logprobs(self, pending: list, r: rollout.Rollouts
                       ) -> tuple[np.ndarray, np.ndarray, bool]:
     """[R, T] log-probs of the rollout tokens under the sampling policy and the reference
     (zeros without one), and whether the former were recomputed (else the sampler's)."""
-    outs = jax.device_get(pending)
-    old = (np.concatenate([o["old"] for o in outs]) if self.s.recomputes_old_logp
-           else r.sampler_logp)
-    ref = (np.concatenate([o["ref"] for o in outs]) if outs and "ref" in outs[0]
-           else np.zeros_like(old))
+    outs = sharding_lib.FrozenPass.fetch(pending) if pending else {}
+    old = outs["old"] if self.s.recomputes_old_logp else r.sampler_logp
+    ref = outs["ref"] if "ref" in outs else np.zeros_like(old)
     return old, ref, self.s.recomputes_old_logp
 
   def run_iteration(self, iteration: int) -> dict[str, float]:
