@@ -65,7 +65,7 @@ def jax_worker(conn, hf_dir, head_path, mode, batch, seq, sequences, score_batch
   from helpsteer_jax import config_base, config_sections, runtime
   from helpsteer_jax.config_sections import optimizer_config
   from helpsteer_jax.data.batches import REGRESSION_BATCH
-  from helpsteer_jax.data.features.rm import RegressionTokenizer
+  from helpsteer_jax.data.features.regression_ids import RegressionTokenizer
   from helpsteer_jax.load import model as loader
   from helpsteer_jax.losses.regression import regression_loss
   from helpsteer_jax.scoring.model import ModelScorer

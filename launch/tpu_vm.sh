@@ -4,7 +4,7 @@
 #   launch/tpu_vm.sh --name NAME --zone ZONE --accelerator v5p-128 \
 #       [--project P] [--version RUNTIME] [--queued [--spot]] \
 #       [--workdir /mnt/shared/run1] [--dry-run] \
-#       -- --config=configs/acsft.py:llama2_70b --config.init.hf_path=/mnt/models/Llama-2-70b-hf
+#       -- --config=configs/acsft.py:llama2_70b --config.init.source=/mnt/models/Llama-2-70b-hf
 #
 # 1. reuses the TPU VM NAME if it exists, else creates it (directly, or as a
 #    queued resource with --queued, waiting until it is ACTIVE);

@@ -8,6 +8,7 @@ import pytest
 from helpsteer_jax.data import pipeline, records
 from helpsteer_jax.data.demo import rows as demo
 from helpsteer_jax.data.demo.tokenizer import build_demo_tokenizer
+from helpsteer_jax.data.features import regression_ids as rid
 from helpsteer_jax.data.features import rm as rm_data
 from helpsteer_jax.data.formats import helpsteer as readers
 from helpsteer_jax.data.formats import preference
@@ -98,7 +99,7 @@ def test_regression_features_end_in_label_start_and_pack(tokenizer, tmp_path):
   label_start = tokenizer.convert_tokens_to_ids("<extra_id_2>")
   for f, conv in zip(feats, convs):
     assert f["inputs"][-1] == label_start and f["readout"][-1] == 1 and f["readout"].sum() == 1
-    want = rm_data.label_vector(conv.attributes)
+    want = rid.label_vector(conv.attributes)
     np.testing.assert_array_equal(f["labels"][-1], want)
     assert (f["labels"][:-1] == records.IGNORE_LABEL).all()
   assert want[:4].tolist() == [records.IGNORE_LABEL] * 4  # HelpSteer fills slots 4..8
@@ -131,10 +132,10 @@ def test_pair_features_are_two_segments_in_one_padded_row(tokenizer, tmp_path):
 def test_regression_truncation_keeps_the_last_response_and_label_start(tokenizer):
   turns = (Turn("User", "word " * 200), Turn("Assistant", "The answer is 4."))
   conv = Conversation(DEFAULT_SYSTEM, turns)
-  full, _ = rm_data.regression_ids(conv, tokenizer, 10_000)
-  ids, truncated = rm_data.regression_ids(conv, tokenizer, 64)
+  full, _ = rid.regression_ids(conv, tokenizer, 10_000)
+  ids, truncated = rid.regression_ids(conv, tokenizer, 64)
   assert truncated and len(ids) == 64 and ids[0] == tokenizer.bos_token_id
   np.testing.assert_array_equal(ids[1:], full[-63:])
   assert tokenizer.decode(ids[-12:]).endswith("The answer is 4.\n<extra_id_2>")
-  assert rm_data.regression_ids(conv, tokenizer, 64, truncation="drop") == (None, False)
-  assert rm_data.regression_ids(conv, tokenizer, 8)[0] is None  # the response itself is too long
+  assert rid.regression_ids(conv, tokenizer, 64, truncation="drop") == (None, False)
+  assert rid.regression_ids(conv, tokenizer, 8)[0] is None  # the response itself is too long

@@ -16,6 +16,9 @@ import pytest
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.rl import algorithms, settings
 from helpsteer_jax.rl.algorithms.base import Algorithm, LossSettings, per_token
+from helpsteer_jax.rl.algorithms.grpo import GRPO
+from helpsteer_jax.rl.algorithms.ppo import PPO
+from helpsteer_jax.rl.algorithms.rloo import RLOO
 
 from conftest import REPO_ROOT
 
@@ -78,7 +81,7 @@ def test_no_algorithm_is_named_outside_its_module():
 def test_each_algorithm_reads_and_checks_its_own_settings():
   s = settings.read(_config(algorithm="grpo", **{"loss": {**_config().loss.to_dict(),
                                                           "beta": 0.0}}))
-  assert s.algorithm == algorithms.GRPO(beta=0.0, scale_advantages=True)
+  assert s.algorithm == GRPO(beta=0.0, scale_advantages=True)
   assert not s.uses_reference and s.aggregation == "sequence"
   s = settings.read(_config(algorithm="rloo"))
   assert s.algorithm.kl_coef == 0.05 and s.uses_reference and s.aggregation == "token"
@@ -96,7 +99,7 @@ def test_each_algorithm_reads_and_checks_its_own_settings():
 
 def test_rloo_folds_the_kl_into_the_reward_and_leaves_one_out():
   logp, ref, mask, scores = _rollouts(1)
-  algo = algorithms.RLOO(kl_coef=0.1)
+  algo = RLOO(kl_coef=0.1)
   shaped = algo.shape_scores(scores, logp, ref, mask)
   want_scores = scores - 0.1 * ((logp - ref) * mask).sum(-1)  # TRL's rlhf_reward
   np.testing.assert_allclose(shaped, want_scores, **TOL)
@@ -104,13 +107,13 @@ def test_rloo_folds_the_kl_into_the_reward_and_leaves_one_out():
   groups = want_scores.reshape(P, K)
   want = (groups - (groups.sum(1, keepdims=True) - groups) / (K - 1)).reshape(-1)
   np.testing.assert_allclose(got, want[:, None] * mask, **TOL)
-  assert algorithms.RLOO(kl_coef=0.0).shape_scores(scores, logp, ref, mask) is scores
+  assert RLOO(kl_coef=0.0).shape_scores(scores, logp, ref, mask) is scores
 
 
 @pytest.mark.parametrize("scale", [True, False])
 def test_grpo_advantages_and_the_kl_only_with_beta(scale):
   logp, ref, mask, scores = _rollouts(2)
-  algo = algorithms.GRPO(beta=0.04, scale_advantages=scale)
+  algo = GRPO(beta=0.04, scale_advantages=scale)
   assert algo.shape_scores(scores, logp, ref, mask) is scores
   got = algo.advantages({"mask": mask}, scores, K, logp, ref)
   g = scores.reshape(P, K)
@@ -144,7 +147,7 @@ def test_ppo_gae_on_the_critic_s_values():
   token; GAE's backward recursion; advantages whitened over the batch's tokens."""
   logp, ref, mask, scores = _rollouts(3)
   values = np.random.default_rng(4).normal(0, 1, logp.shape).astype(np.float32)
-  algo = algorithms.PPO(kl_coef=0.05, gamma=0.99, lam=0.9)
+  algo = PPO(kl_coef=0.05, gamma=0.99, lam=0.9)
   rows = {"mask": mask}
   got = algo.advantages(rows, scores, K, logp, ref, _Critic(values))
   b = len(scores)

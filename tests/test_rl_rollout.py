@@ -13,6 +13,7 @@ from helpsteer_jax import sharding
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.inference import generator
 from helpsteer_jax.inference.engine import DecodeRequest
+from helpsteer_jax.inference.sampling import sample_seed
 from helpsteer_jax.models import builder, catalog, hf
 from helpsteer_jax.rl import rollout
 
@@ -37,7 +38,7 @@ def test_rollouts_are_the_engines_completions_padded_and_masked(setup):
   for b in range(len(prompts) * K):
     i, j = divmod(b, K)
     want = engine.generate([DecodeRequest(prompts[i], T, temperature=1.0,
-                                          seed=rollout.completion_seed(5, 2, i, j))])[0]
+                                          seed=sample_seed(5, 2, i, j))])[0]
     n = len(want.token_ids)
     assert r.tokens[b, :n].tolist() == want.token_ids and r.mask[b].sum() == n
     assert not r.mask[b, n:].any() and not r.tokens[b, n:].any()

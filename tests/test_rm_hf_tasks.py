@@ -11,7 +11,7 @@ from safetensors.numpy import load_file
 from torch_reference import needs_torch, torch
 
 from helpsteer_jax import runtime
-from helpsteer_jax.data.features import rm as rm_data
+from helpsteer_jax.data.features import regression_ids as rid
 from helpsteer_jax.data.formats import helpsteer as readers
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.load import reward as reward_model
@@ -60,7 +60,7 @@ def test_training_exports_a_transformers_reward_model(trained):
   cfg.scorer.tokenizer = str(trained / "demo_tokenizer")
   rt = runtime.setup(cfg)
   scorer = load_scorer(cfg.scorer, rt)
-  tok = rm_data.RegressionTokenizer(tokenizer, 128)
+  tok = rid.RegressionTokenizer(tokenizer, 128)
   convs = readers.read_records(trained / "demo_data", "validation")[:8]
   ids = [tok.ids(c) for c in convs]
   ours = scorer.score_ids(ids)

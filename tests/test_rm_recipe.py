@@ -10,7 +10,7 @@ import pytest
 
 from helpsteer_jax import runtime
 from helpsteer_jax.data.demo import rows as demo_rows
-from helpsteer_jax.data.features import rm as rm_data
+from helpsteer_jax.data.features import regression_ids as rid
 from helpsteer_jax.data.formats import helpsteer as readers
 from helpsteer_jax.data.formats import preference
 from helpsteer_jax.data.records import ATTRIBUTES
@@ -57,7 +57,7 @@ def test_bt_from_regression_starts_from_its_backbone_and_helpfulness_row(regress
   rt = runtime.setup(cfg)
   bt = reward_model.build_reward_model(cfg, rt)
   tokenizer = hf.load_tokenizer(regression / "demo_tokenizer")
-  bt_scorer = ModelScorer(bt, rt, rm_data.RegressionTokenizer(tokenizer, 128), 8)
+  bt_scorer = ModelScorer(bt, rt, rid.RegressionTokenizer(tokenizer, 128), 8)
   scorer_cfg = short_config("evaluate_rm", scorer={"source": str(regression)})
   reg_scorer = load_scorer(scorer_cfg.scorer, rt)
   convs = readers.read_records(regression / "demo_data", "validation")[:8]

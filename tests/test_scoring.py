@@ -13,7 +13,7 @@ import pytest
 from helpsteer_jax import config_sections, runtime
 from helpsteer_jax.data import template
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
-from helpsteer_jax.data.features.rm import RegressionTokenizer
+from helpsteer_jax.data.features.regression_ids import RegressionTokenizer
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.models import catalog, hf

@@ -16,7 +16,7 @@ import numpy as np
 
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.inference import steering
+from helpsteer_jax.inference import sample_score, steering
 from helpsteer_jax.inference.generator import Generator
 from helpsteer_jax.inference.sampling import SamplingConfig
 from helpsteer_jax.scoring import rewards as rewards_lib
@@ -46,24 +46,25 @@ def best_of_n(generator: Generator, requests: Sequence[steering.Request], n: int
               sampling: SamplingConfig, seed: int = 0) -> list[BestOfN]:
   """Samples `n` responses per request (all in one batch), keeps the highest reward.
 
-  Request i's k-th sample uses seed (`seed` + i) * n + k: a sample depends on its
-  request's place in the input, not on the batches.
+  Request i's k-th sample uses `sample_seed(seed + i, k)` (`inference.sample_score`,
+  the path RL's rollouts share): a sample depends on its request's place in the input
+  (a batch passes the run's seed + its first request), not on the batches.
   """
   if n > 1 and sampling.greedy:
     raise ConfigError(f"best-of-{n} needs sampling: set sampling.temperature > 0 (greedy"
                       " decoding gives n identical responses)")
-  prompts = [r.prompt_text() for r in requests for _ in range(n)]
-  completions = generator.complete(prompts, max_new_tokens, sampling=sampling, seed=seed * n)
-  responses = [steering.response_text(c.text, c.finish_reason) for c in completions]
-  convs = [requests[i // n].conversation.answered(r) for i, r in enumerate(responses)]
-  scores = scorer(convs).astype(np.float64)
+  prompts = [generator.prompt_ids(r.prompt_text(), i, max_new_tokens)
+             for i, r in enumerate(requests)]
+  scored = sample_score.sample_and_score(generator.engine, prompts, requests, n,
+                                         max_new_tokens, sampling,
+                                         [(seed + i,) for i in range(len(requests))], scorer)
+  scores = scored.predictions.astype(np.float64)
   rewards = rewards_lib.rewards(scores, weights)
   out = []
-  for start in range(0, len(convs), n):
-    rows = range(start, start + n)
-    candidates = [Candidate(responses[i], completions[i].finish_reason,
+  for start in range(0, len(scores), n):
+    candidates = [Candidate(scored.responses[i], scored.outputs[i].finish_reason,
                             dict(zip(ATTRIBUTES, map(float, scores[i]))), float(rewards[i]))
-                  for i in rows]
+                  for i in range(start, start + n)]
     ranked = np.nan_to_num(rewards[start:start + n], nan=-np.inf)  # unscored ranks last
     out.append(BestOfN(int(np.argmax(ranked)), candidates))
   return out

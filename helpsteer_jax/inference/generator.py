@@ -18,13 +18,10 @@ from flax import nnx
 
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.config_sections import DEFAULT_STOP_STRINGS
-from helpsteer_jax.data import template
-from helpsteer_jax.data.features import tokenize
 from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.engine import DecodeRequest, Engine, Output
-from helpsteer_jax.inference.sampling import SamplingConfig
-
-SEED_SPACE = 2**32  # the engine's per-row seeds are uint32
+from helpsteer_jax.inference.sampling import SamplingConfig, sample_seed
 
 
 def _ids(tokenizer: Any, text: str) -> list[int]:
@@ -83,26 +80,29 @@ class Generator:
     self.add_bos = add_bos
 
   def encode(self, prompt: str) -> list[int]:
-    """Prompt ids exactly as AC-SFT training tokenizes text (BOS, one call)."""
-    pieces = [template.Piece(prompt, False)]
-    return tokenize.tokenize_pieces(pieces, self.tokenizer, add_bos=self.add_bos).ids.tolist()
+    """Prompt ids exactly as AC-SFT training tokenizes text (`steering.encode_prompt`)."""
+    return steering.encode_prompt(prompt, self.tokenizer, self.add_bos)
+
+  def prompt_ids(self, prompt: str, i: int, max_new_tokens: int) -> list[int]:
+    """Prompt `i`'s ids, checked to leave `max_new_tokens` in the KV cache."""
+    if not prompt:
+      raise ConfigError(f"prompt {i} is empty: give some text to continue")
+    ids = self.encode(prompt)
+    if len(ids) + max_new_tokens > self.engine.max_length:
+      raise ConfigError(
+          f"prompt {i} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} that"
+          f" exceeds the KV cache length {self.engine.max_length}: shorten the prompt,"
+          " lower max_new_tokens or raise max_length (at most the model's"
+          f" max_position_embeddings={self.engine.cfg.max_position_embeddings})")
+    return ids
 
   def complete(self, prompts: Sequence[str], max_new_tokens: int,
                sampling: SamplingConfig = SamplingConfig(), seed: int = 0) -> list[Output]:
-    """One completion per prompt; prompt i samples with seed `seed + i`, so a row's
-    output depends on its prompt and seed alone, not on the rest of the batch."""
-    requests = []
-    for i, p in enumerate(prompts):
-      if not p:
-        raise ConfigError(f"prompt {i} is empty: give some text to continue")
-      ids = self.encode(p)
-      if len(ids) + max_new_tokens > self.engine.max_length:
-        raise ConfigError(
-            f"prompt {i} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} that"
-            f" exceeds the KV cache length {self.engine.max_length}: shorten the prompt,"
-            " lower max_new_tokens or raise max_length (at most the model's"
-            f" max_position_embeddings={self.engine.cfg.max_position_embeddings})")
-      requests.append(DecodeRequest(
-          ids, max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-          top_k=sampling.top_k, seed=(seed + i) % SEED_SPACE))
+    """One completion per prompt; prompt i samples with `sample_seed(seed + i)`, so a
+    row's output depends on its prompt and `seed` + its index alone (a batch passes the
+    run's seed + its first row), not on the rest of the batch."""
+    requests = [DecodeRequest(self.prompt_ids(p, i, max_new_tokens), max_new_tokens,
+                              temperature=sampling.temperature, top_p=sampling.top_p,
+                              top_k=sampling.top_k, seed=sample_seed(seed + i))
+                for i, p in enumerate(prompts)]
     return self.engine.generate(requests)

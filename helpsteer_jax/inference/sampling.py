@@ -6,6 +6,9 @@ logit is at least the k-th largest (ties at the boundary stay); top-p keeps
 the smallest set of most likely tokens whose probability reaches p, i.e. a
 token stays when the probability of the tokens ranked before it is < p
 (the most likely token always stays). Filtered tokens get -inf.
+
+`sample_seed` is the one rule for a sampled row's seed (RL rollouts, best-of-n,
+the generating tasks' rows, the server's choices).
 """
 
 from __future__ import annotations
@@ -14,10 +17,20 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from helpsteer_jax.errors import ConfigError
 
 MAX_LOGPROBS = 20  # the most likely alternatives reported per token (vLLM's default cap)
+
+
+def sample_seed(base: int, *indices: int) -> int:
+  """The uint32 sampling seed of one row: `base` (a run's or a request's seed) and the
+  row's indices (e.g. step, prompt, sample) through a SeedSequence, the same on every
+  process and call, distinct per index. Negative values wrap modulo 2**64 (SeedSequence
+  takes non-negative entropy only)."""
+  entropy = [int(x) % 2**64 for x in (base, *indices)]
+  return int(np.random.SeedSequence(entropy).generate_state(1)[0])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,9 @@ HelpSteer rows only). Precedence, name by name: the config (a non-empty
 `steerlm` section (what AC-SFT and 2D-DPO exports carry), then all nine
 names with NeMo's SteerLM inference values (quality 4, toxicity 0, humor 0,
 creativity 0, and 4 for the five HelpSteer attributes). Prompts are built by
-`data.template.generation_prompt`, the formatter AC-SFT training uses.
+`data.template.generation_prompt`, the formatter AC-SFT training uses, and
+`encode_prompt` is the one way they become token ids (the engine's tasks, RL,
+the rounds, the server).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import ml_collections
 
 from helpsteer_jax.data import template
 from helpsteer_jax.data.chat_template import NEMO_DEFAULTS, SteerSpec
+from helpsteer_jax.data.features import tokenize
 from helpsteer_jax.data.formats.rows import iter_json_lines
 from helpsteer_jax.data.records import ATTRIBUTES, HELPSTEER_ATTRIBUTES, Conversation
 from helpsteer_jax.errors import ConfigError, DataError
@@ -90,6 +93,10 @@ class Request:
   def prompt_text(self) -> str:
     return template.generation_prompt(self.conversation, self.attributes)
 
+  def prompt_ids(self, tokenizer: Any, add_bos: bool = True) -> list[int]:
+    """The prompt's ids [L] (`encode_prompt` of `prompt_text`)."""
+    return encode_prompt(self.prompt_text(), tokenizer, add_bos)
+
   def output_row(self, response: str, **fields: Any) -> dict:
     return {"prompt": self.prompt, "attributes": self.attributes, "response": response,
             **self.extra, **fields}
@@ -113,6 +120,12 @@ def make_request(prompt: str, attributes: Mapping[str, int],
   turns = tuple(template.split_helpsteer_prompt(prompt))
   conv = Conversation(system=system, turns=turns, mask_role="User")
   return Request(prompt, conv, checked(attributes), dict(extra or {}))
+
+
+def encode_prompt(text: str, tokenizer: Any, add_bos: bool = True) -> list[int]:
+  """A rendered prompt's ids exactly as AC-SFT training tokenizes text (BOS, one call)."""
+  return tokenize.tokenize_pieces([template.Piece(text, False)], tokenizer,
+                                  add_bos=add_bos).ids.tolist()
 
 
 def response_text(text: str, finish_reason: str) -> str:

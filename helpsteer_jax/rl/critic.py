@@ -22,16 +22,15 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 
-from helpsteer_jax import runtime
+from helpsteer_jax import frozen_pass, runtime
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.data.batches import PPO_ROLLOUT_BATCH
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.losses import policy_gradient
 from helpsteer_jax.models import builder
 from helpsteer_jax.models.reward import RewardHead, RewardModel
-from helpsteer_jax.rl import objective
 from helpsteer_jax.rl.algorithms.ppo import PPO
 from helpsteer_jax.rl.settings import RLSettings
 from helpsteer_jax.scoring.load import load_reward_model
@@ -74,20 +73,16 @@ class Critic:
       with sharding_lib.axis_rules(rules):
         return completion_values(state_lib.merge_model(parts, params, base), batch)
 
-    with jax.set_mesh(rt.mesh):
-      self._values = jax.jit(values, in_shardings=(
-          self.shardings.params, parts.base_shardings, self.rows_sharding),
-          out_shardings=NamedSharding(rt.mesh, PartitionSpec()))  # read on every process
+    self._values = frozen_pass.FrozenPass(values, rt.mesh, self.rows_sharding, micro,
+                              (self.shardings.params, parts.base_shardings))
 
   def abstract_state(self):
     return sharding_lib.abstract_arrays(self.state, self.shardings)
 
   def values(self, rows: dict[str, np.ndarray]) -> np.ndarray:
     """[R, T] values of the rollout rows' states."""
-    return np.concatenate(objective.chunked(
-        lambda b: self._values(self.state.params, self.parts.base, b), rows,
-        ("inputs", "positions", "segment_ids", "at"), self.micro, self.rows_sharding,
-        self.rt.mesh))
+    fields = ("inputs", "positions", "segment_ids", "at")
+    return self._values((self.state.params, self.parts.base), {k: rows[k] for k in fields})
 
   def update(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
     """One optimizer step on a minibatch (the policy's batch layout); its metrics."""

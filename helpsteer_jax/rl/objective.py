@@ -5,18 +5,17 @@ row ([B, L], L = the longest prompt + max_new_tokens); the model's per-token
 log-probabilities come from the fused projection (`losses.logprobs`, no
 [B, L, vocab] logits) and are gathered at the completion tokens, [B, T] in
 the rollouts' layout, so the losses in `losses.policy_gradient` read them
-directly.
+directly. The passes over rollout rows run on `frozen_pass.FrozenPass`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding
 
 from helpsteer_jax.data.batches import ROLLOUT_BATCH
 from helpsteer_jax.errors import ConfigError
@@ -24,7 +23,6 @@ from helpsteer_jax.losses.logprobs import token_logprobs
 from helpsteer_jax.models import lora
 from helpsteer_jax.rl.rollout import Rollouts
 from helpsteer_jax.rl.settings import RLSettings
-from helpsteer_jax.train import loop
 
 
 def pack(rollouts: Rollouts, length: int, pad_id: int = 0) -> dict[str, np.ndarray]:
@@ -48,19 +46,6 @@ def pack(rollouts: Rollouts, length: int, pad_id: int = 0) -> dict[str, np.ndarr
   positions = np.broadcast_to(np.arange(length, dtype=np.int32), (b, length)).copy()
   return {"inputs": inputs, "targets": targets, "positions": positions,
           "segment_ids": segment_ids, "at": at}
-
-
-def chunked(fn: Callable[[dict[str, jax.Array]], Any], rows: dict[str, np.ndarray],
-            fields: Sequence[str], micro: int, sharding: NamedSharding, mesh,
-            fetch: bool = True) -> list:
-  """`fn` over `rows` in batches of `micro` rows laid out by `sharding`; its outputs in
-  order, fetched to the host unless `fetch` is False (then still computing)."""
-  outs = []
-  for lo in range(0, len(rows[fields[0]]), micro):
-    batch = {k: loop.global_array(rows[k][lo:lo + micro], sharding) for k in fields}
-    with jax.set_mesh(mesh):
-      outs.append(fn(batch))
-  return jax.device_get(outs) if fetch else outs
 
 
 def completion_logprobs(model: nnx.Module, batch: dict[str, jax.Array],

@@ -1,21 +1,24 @@
 """Rollouts: K sampled completions per prompt from the engine's batch API, as arrays.
 
 The policy's current weights are in the engine (`Engine.load_weights` after
-each update); sampling runs on the same devices as training. Every
-completion's seed is derived from (seed, step, prompt, sample), so every
-process of a multi-process run draws the same completions and a resumed
-step draws them again.
+each update); sampling runs on the same devices as training, through
+`inference.sample_score` (the path best-of-n shares). Every completion's seed
+is `sample_seed(seed, step, prompt, sample)`, so every process of a
+multi-process run draws the same completions and a resumed step draws them
+again.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from helpsteer_jax.inference import steering
-from helpsteer_jax.inference.engine import DecodeRequest, Engine
+from helpsteer_jax.inference import sample_score, steering
+from helpsteer_jax.inference.engine import Engine, Output
+from helpsteer_jax.inference.sampling import SamplingConfig
+from helpsteer_jax.scoring.scorer import Scorer
 
 
 @dataclasses.dataclass
@@ -60,19 +63,9 @@ class Rollouts:
   texts: list[str]
 
 
-def completion_seed(seed: int, step: int, prompt: int, sample: int) -> int:
-  """A uint32 sampling seed for one completion, the same on every process."""
-  return int(np.random.SeedSequence([seed, step, prompt, sample]).generate_state(1)[0])
-
-
-def sample(engine: Engine, prompts: Sequence[Sequence[int]], k: int, max_new_tokens: int, *,
-           temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
-           step: int = 0, pad_id: int = 0) -> Rollouts:
-  """K completions of each prompt (token ids) with the engine's current weights."""
-  requests = [DecodeRequest(list(p), max_new_tokens, temperature=temperature, top_p=top_p,
-                            top_k=top_k, seed=completion_seed(seed, step, i, j))
-              for i, p in enumerate(prompts) for j in range(k)]
-  outputs = engine.generate(requests)
+def arrays(prompts: Sequence[Sequence[int]], k: int, outputs: Sequence[Output],
+           max_new_tokens: int, pad_id: int = 0) -> Rollouts:
+  """The engine's outputs [P * K] (prompt-major) as padded `Rollouts`."""
   b = len(outputs)
   tokens = np.full((b, max_new_tokens), pad_id, np.int32)
   mask = np.zeros((b, max_new_tokens), np.float32)
@@ -83,3 +76,38 @@ def sample(engine: Engine, prompts: Sequence[Sequence[int]], k: int, max_new_tok
   return Rollouts([list(p) for p in prompts], k, tokens, mask, logp,
                   np.asarray([o.finish_reason == "stop" for o in outputs]),
                   [o.text for o in outputs])
+
+
+def _keys(n: int, seed: int, step: int) -> list[tuple[int, ...]]:
+  return [(seed, step, i) for i in range(n)]
+
+
+def sample(engine: Engine, prompts: Sequence[Sequence[int]], k: int, max_new_tokens: int, *,
+           temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+           step: int = 0, pad_id: int = 0) -> Rollouts:
+  """K completions of each prompt (token ids) with the engine's current weights."""
+  sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+  outputs = sample_score.sample(engine, prompts, k, max_new_tokens, sampling,
+                                _keys(len(prompts), seed, step))
+  return arrays(prompts, k, outputs, max_new_tokens, pad_id)
+
+
+def sample_and_score(engine: Engine, prompts: Sequence[Prompt], k: int, max_new_tokens: int,
+                     scorer: Scorer, *, temperature: float = 1.0, top_p: float = 1.0,
+                     top_k: int = 0, seed: int = 0, step: int = 0, pad_id: int = 0,
+                     on_sampled: Callable[[Rollouts], Any] | None = None
+                     ) -> tuple[Rollouts, np.ndarray, Any]:
+  """`sample`'s rollouts of `prompts`, the scorer's [P * K, 9] predictions of them, and
+  what `on_sampled(rollouts)` returned (it runs before scoring; None without one)."""
+  ids = [p.ids for p in prompts]
+  done: list = [None, None]
+
+  def sampled(outputs: list[Output]) -> None:
+    done[0] = arrays(ids, k, outputs, max_new_tokens, pad_id)
+    done[1] = None if on_sampled is None else on_sampled(done[0])
+
+  sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+  scored = sample_score.sample_and_score(engine, ids, [p.request for p in prompts], k,
+                                         max_new_tokens, sampling, _keys(len(ids), seed, step),
+                                         scorer, on_sampled=sampled)
+  return done[0], scored.predictions, done[1]

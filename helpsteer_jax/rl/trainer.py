@@ -3,11 +3,12 @@
 An iteration:
 
 1. samples K completions for each of its P prompts with the current policy
-   (`rollout.sample`, the engine's batch API; the prompts of iteration i and
-   every completion's seed are derived from (seed, i), so a resumed or
-   repeated iteration draws the same ones on every process);
-2. scores them with the attribute scorer (the same predictions on every
-   process) and turns the predictions into rewards (`rewards`);
+   and scores them with the attribute scorer (`rollout.sample_and_score` on
+   `inference.sample_score`, the engine's batch API; the prompts of iteration
+   i and every completion's seed are derived from (seed, i), so a resumed or
+   repeated iteration draws the same ones, and the same predictions, on every
+   process);
+2. turns the predictions into rewards (`rewards`);
 3. computes the reference's log-probabilities on the training path, and the
    sampling policy's when an iteration makes several optimizer steps (or
    top-p/top-k truncate the sampler): the sampler's own differ from the
@@ -39,9 +40,9 @@ import jax
 import ml_collections
 import numpy as np
 from absl import logging
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 
-from helpsteer_jax import processes, runtime
+from helpsteer_jax import frozen_pass, processes, runtime
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.engine import Engine
@@ -52,7 +53,7 @@ from helpsteer_jax.rl import objective, rewards, rollout
 from helpsteer_jax.rl.rollout import Prompt
 from helpsteer_jax.rl.settings import RLSettings
 from helpsteer_jax.scoring import rewards as scoring_rewards
-from helpsteer_jax.scoring.scorer import Scorer, predict
+from helpsteer_jax.scoring.scorer import Scorer
 from helpsteer_jax.train import base_fingerprint, loop, optim, run_loop
 from helpsteer_jax.train import checkpoint as ckpt_lib
 from helpsteer_jax.train import state as state_lib
@@ -142,7 +143,8 @@ class RLTrainer:
     frozen = () if reference in (None, "adapters_off") else (reference[0],)
     frozen_shardings = () if not frozen else (reference[1],)
 
-    def logprobs(params, base, batch, *ref):
+    def logprobs(params, base, *args):
+      *ref, batch = args
       with sharding_lib.axis_rules(rules):
         model = state_lib.merge_model(parts, params, base)
         out = {}
@@ -153,11 +155,9 @@ class RLTrainer:
                                                     chunk, temperature)
         return out
 
-    with jax.set_mesh(self.rt.mesh):
-      # Replicated outputs: every process reads every row's log-probabilities.
-      self._logprobs = jax.jit(logprobs, in_shardings=(
-          self.state_shardings.params, parts.base_shardings, self.rows_sharding,
-          *frozen_shardings), out_shardings=NamedSharding(self.rt.mesh, PartitionSpec()))
+    self._logprobs = frozen_pass.FrozenPass(
+        logprobs, self.rt.mesh, self.rows_sharding, self.tc.micro_batch,
+        (self.state_shardings.params, parts.base_shardings, *frozen_shardings))
     self._frozen, self._logprob_outputs = frozen, with_old or with_ref
 
   def policy_model(self):
@@ -171,13 +171,6 @@ class RLTrainer:
     """The P prompts of `iteration` (`rollout.prompt_schedule`)."""
     return rollout.prompt_schedule(len(self.train_prompts), self.s.prompts, self.config.seed,
                                    iteration)
-
-  def _score(self, prompts: Sequence[Prompt], texts: Sequence[str],
-             finished: Sequence[bool], per_prompt: int) -> np.ndarray:
-    convs = [prompts[b // per_prompt].request.answered(
-        steering.response_text(text, "stop" if done else "length"))
-        for b, (text, done) in enumerate(zip(texts, finished))]
-    return predict(convs, self.scorer)
 
   def _requested(self, prompts: Sequence[Prompt], per_prompt: int) -> list[dict]:
     return [prompts[b // per_prompt].request.attributes
@@ -198,20 +191,17 @@ class RLTrainer:
     """Starts the training path's log-prob pass over `rows` (see `_compile`)."""
     if not self._logprob_outputs:
       return []
-    return objective.chunked(
-        lambda b: self._logprobs(self.state.params, self.parts.base, b, *self._frozen), rows,
-        ("inputs", "targets", "positions", "segment_ids", "at"), self.tc.micro_batch,
-        self.rows_sharding, self.rt.mesh, fetch=False)
+    fields = ("inputs", "targets", "positions", "segment_ids", "at")
+    return self._logprobs.batches((self.state.params, self.parts.base, *self._frozen),
+                                  {k: rows[k] for k in fields})
 
   def _fetch_logprobs(self, pending: list, r: rollout.Rollouts
                       ) -> tuple[np.ndarray, np.ndarray, bool]:
     """[R, T] log-probs of the rollout tokens under the sampling policy and the reference
     (zeros without one), and whether the former were recomputed (else the sampler's)."""
-    outs = jax.device_get(pending)
-    old = (np.concatenate([o["old"] for o in outs]) if self.s.recomputes_old_logp
-           else r.sampler_logp)
-    ref = (np.concatenate([o["ref"] for o in outs]) if outs and "ref" in outs[0]
-           else np.zeros_like(old))
+    outs = frozen_pass.FrozenPass.fetch(pending) if pending else {}
+    old = outs["old"] if self.s.recomputes_old_logp else r.sampler_logp
+    ref = outs["ref"] if "ref" in outs else np.zeros_like(old)
     return old, ref, self.s.recomputes_old_logp
 
   def run_iteration(self, iteration: int) -> dict[str, float]:
@@ -219,13 +209,15 @@ class RLTrainer:
     s, tc = self.s, self.tc
     t0 = time.perf_counter()
     prompts = [self.train_prompts[i] for i in self.prompt_indices(iteration)]
-    r = rollout.sample(self.engine, [p.ids for p in prompts], s.k, s.max_new_tokens,
-                       temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                       seed=self.config.seed, step=iteration, pad_id=self.engine.pad_id)
-    t_rollout = time.perf_counter() - t0
-    rows = objective.pack(r, tc.seq_len, self.engine.pad_id)
-    pending = self._dispatch_logprobs(rows)
-    preds = self._score(prompts, r.texts, r.finished, s.k)
+
+    def sampled(r: rollout.Rollouts) -> tuple[float, dict[str, np.ndarray], list]:
+      rows = objective.pack(r, tc.seq_len, self.engine.pad_id)
+      return time.perf_counter() - t0, rows, self._dispatch_logprobs(rows)
+
+    r, preds, (t_rollout, rows, pending) = rollout.sample_and_score(
+        self.engine, prompts, s.k, s.max_new_tokens, self.scorer, temperature=s.temperature,
+        top_p=s.top_p, top_k=s.top_k, seed=self.config.seed, step=iteration,
+        pad_id=self.engine.pad_id, on_sampled=sampled)
     requested = self._requested(prompts, s.k)
     raw = scoring_rewards.rewards(preds, self.weights)
     reward = self._rewards(preds, requested)
@@ -309,9 +301,9 @@ class RLTrainer:
     length; process 0 writes them to `samples/iteration_<N>.jsonl`."""
     if not self.eval_prompts:
       return {}
-    r = rollout.sample(self.engine, [p.ids for p in self.eval_prompts], 1, max_new_tokens,
-                       temperature=0.0, pad_id=self.engine.pad_id)
-    preds = self._score(self.eval_prompts, r.texts, r.finished, 1)
+    r, preds, _ = rollout.sample_and_score(self.engine, self.eval_prompts, 1, max_new_tokens,
+                                           self.scorer, temperature=0.0,
+                                           pad_id=self.engine.pad_id)
     raw = scoring_rewards.rewards(preds, self.weights)
     requested = self._requested(self.eval_prompts, 1)
     out = {"reward": float(np.mean(raw)), "response_length": float(r.mask.sum(-1).mean()),

@@ -5,6 +5,8 @@ long for a row left out (RL's rollouts, iterative DPO's rounds)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import ml_collections
 import numpy as np
 from absl import logging
@@ -44,9 +46,10 @@ def _sampled_attributes(requests: list[steering.Request], names: str, seed: int,
         n: int(rng.integers(0, 5)) for n in chosen}})
 
 
-def read_prompts(config: ml_collections.ConfigDict, attributes: dict, encode, max_prompt: int,
-                 which: str) -> list[Prompt]:
-  """The train or eval prompts, tokenized; those over `max_prompt` tokens are dropped."""
+def read_prompts(config: ml_collections.ConfigDict, attributes: dict, tokenizer: Any,
+                 add_bos: bool, max_prompt: int, which: str) -> list[Prompt]:
+  """The train or eval prompts, tokenized (`Request.prompt_ids`); those over `max_prompt`
+  tokens are dropped."""
   pc = config.prompts
   path = pc.train_path if which == "train" else pc.eval_path
   requests = read_requests(path, which, attributes, config)
@@ -54,7 +57,7 @@ def read_prompts(config: ml_collections.ConfigDict, attributes: dict, encode, ma
     requests = requests[:pc.eval_limit]
   if pc.sample_attributes:
     _sampled_attributes(requests, pc.sample_attributes, config.seed, 0 if which == "train" else 1)
-  prompts = [Prompt(r, encode(r.prompt_text())) for r in requests]
+  prompts = [Prompt(r, r.prompt_ids(tokenizer, add_bos)) for r in requests]
   kept = [p for p in prompts if len(p.ids) <= max_prompt]
   if len(kept) < len(prompts):
     logging.warning("%s prompts: %d of %d are longer than %d tokens (train.seq_len -"

@@ -17,16 +17,14 @@ import json
 import pathlib
 
 import ml_collections
-import numpy as np
 from absl import logging
 from flax import nnx
 
 from helpsteer_jax import multihost, runtime
-from helpsteer_jax.data import template
-from helpsteer_jax.data.features import tokenize
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.generator import Generator, make_engine
+from helpsteer_jax.inference.sampling import sample_seed
 from helpsteer_jax.rl.rollout import prompt_schedule
 
 SUMMARY = "summary.json"
@@ -90,9 +88,7 @@ def fitting(requests: list[steering.Request], tokenizer, config: ml_collections.
   """The requests whose prompt leaves `max_new_tokens` in rows of `train.seq_len`; the
   others are left out with a warning (the same on every process)."""
   limit = config.train.seq_len - max_new_tokens
-  kept = [r for r in requests if len(tokenize.tokenize_pieces(
-      [template.Piece(r.prompt_text(), False)], tokenizer, add_bos=config.data.add_bos).ids)
-          <= limit]
+  kept = [r for r in requests if len(r.prompt_ids(tokenizer, config.data.add_bos)) <= limit]
   if len(kept) < len(requests):
     logging.warning("%s: %d of %d prompts are longer than %d tokens (train.seq_len -"
                     " max_new_tokens) and are left out", what, len(requests) - len(kept),
@@ -104,8 +100,9 @@ def fitting(requests: list[steering.Request], tokenizer, config: ml_collections.
 
 
 def sampling_seed(seed: int, r: int) -> int:
-  """Round r's base sampling seed, the same on every process."""
-  return int(np.random.SeedSequence([seed, r]).generate_state(1)[0] % (1 << 24))
+  """Round r's base sampling seed (`sample_seed(seed, r)`), the same on every process; a
+  batch adds its first row to it (`best_of_n`)."""
+  return sample_seed(seed, r)
 
 
 def prompt_indices(n: int, per_round: int, seed: int, r: int) -> list[int]:

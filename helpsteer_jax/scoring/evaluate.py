@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from helpsteer_jax.data.features import rm as rm_data
+from helpsteer_jax.data.features.regression_ids import label_vector
 from helpsteer_jax.data.formats.preference import PreferencePair
 from helpsteer_jax.data.records import ATTRIBUTES, Conversation
 from helpsteer_jax.scoring import metrics as rm_metrics
@@ -34,7 +34,7 @@ def evaluate_attributes(scorer: Scorer, convs: Sequence[Conversation], on_batch=
   preds, kept = score_conversations(scorer, convs, on_batch)
   labels = np.zeros((len(kept), len(ATTRIBUTES)), np.float32)
   for row, i in enumerate(kept):
-    labels[row] = rm_data.label_vector(convs[i].attributes)
+    labels[row] = label_vector(convs[i].attributes)
   return {"metrics": rm_metrics.attribute_metrics(preds, labels), "predictions": preds,
           "labels": labels, "dropped": len(convs) - len(kept)}
 

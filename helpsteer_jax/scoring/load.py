@@ -27,7 +27,7 @@ import ml_collections
 
 from helpsteer_jax import config_base, runtime, saved_params
 from helpsteer_jax.config_sections import init_config
-from helpsteer_jax.data.features.rm import RegressionTokenizer
+from helpsteer_jax.data.features.regression_ids import RegressionTokenizer
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.load import model as loader
 from helpsteer_jax.models import hf, reward_hf

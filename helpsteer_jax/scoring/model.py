@@ -1,14 +1,15 @@
 """The project's attribute model as a `Scorer`: length-bucketed, batch-sharded scoring.
 
-Conversations become NeMo's regression input (`features.rm.RegressionTokenizer`,
+Conversations become NeMo's regression input (`features.regression_ids.RegressionTokenizer`,
 the one tokenization training and scoring share); one that does not fit
 `max_len` (after the configured truncation) gets a NaN row. Sequences are
 sorted by length and scored `batch_size` at a time, each batch right-padded
 to the smallest of a fixed set of length buckets (powers of two up to
 `max_len`), so the compiled programs are one per bucket, all of them
 compiled by `warm_up`: a server that warmed up compiles nothing while it
-serves. Batches are sharded over the mesh's batch axes (every process feeds
-its own devices' rows) and the parameters by the sharding rules.
+serves. Batches run on `frozen_pass.FrozenPass` (sharded over the mesh's batch
+axes, every process feeding its own devices' rows), the parameters sharded by
+the sharding rules.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from __future__ import annotations
 import threading
 from typing import Callable, Sequence
 
-import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 
+from helpsteer_jax import frozen_pass
 from helpsteer_jax import sharding as sharding_lib
-from helpsteer_jax.data.features.rm import RegressionTokenizer
+from helpsteer_jax.data.features.regression_ids import RegressionTokenizer
 from helpsteer_jax.data.records import NUM_ATTRIBUTES, Conversation
 from helpsteer_jax.models import builder
 from helpsteer_jax.models.reward import RewardModel
@@ -69,7 +70,6 @@ class ModelScorer:
     self._lock = threading.Lock()  # one batch at a time (a server scores from threads)
     graphdef, self.params = nnx.split(model, nnx.Param)
     param_shardings = builder.state_shardings(self.params, rt.mesh, rt.rules)
-    self._spec = sharding_lib.batch_spec(rt.rules)
     self._host_rows = sharding_lib.host_local_batch_slice(batch_size)
     rules = rt.rules
 
@@ -78,10 +78,9 @@ class ModelScorer:
         return nnx.merge(graphdef, params).score_last(
             batch["tokens"], batch["positions"], batch["segment_ids"])
 
-    with jax.set_mesh(rt.mesh):
-      self._score = jax.jit(
-          score, in_shardings=(param_shardings, NamedSharding(rt.mesh, self._spec)),
-          out_shardings=NamedSharding(rt.mesh, PartitionSpec()))
+    self._score = frozen_pass.FrozenPass(score, rt.mesh,
+                             NamedSharding(rt.mesh, sharding_lib.batch_spec(rules)),
+                             self.batch_size, (param_shardings,))
 
   def __call__(self, convs: Sequence[Conversation]) -> np.ndarray:
     ids = [self.tok.ids(c) for c in convs]
@@ -102,12 +101,8 @@ class ModelScorer:
     for length in self.buckets:
       self._run(pad_batch([], self.batch_size, length))
 
-  def _run(self, batch: dict[str, np.ndarray]) -> jax.Array:
-    local = {k: v[self._host_rows] for k, v in batch.items()}
-    with jax.set_mesh(self.rt.mesh):
-      arrays = {k: sharding_lib.to_global_array(v, self.rt.mesh, self._spec)
-                for k, v in local.items()}
-      return self._score(self.params, arrays)
+  def _run(self, batch: dict[str, np.ndarray]) -> sharding_lib.Pending:
+    return self._score.dispatch((self.params,), batch)
 
   def score_ids(self, seqs: Sequence[np.ndarray],
                 on_batch: Callable[[int], None] | None = None) -> np.ndarray:
@@ -119,11 +114,11 @@ class ModelScorer:
       for idx in length_batches([len(s) for s in seqs], self.batch_size) + [None]:
         if idx is not None:
           length = self.bucket(max(len(seqs[i]) for i in idx))
-          preds = self._run(pad_batch([seqs[i] for i in idx], self.batch_size, length))
+          preds = self._run(pad_batch([seqs[i] for i in idx], len(idx), length))
           self.local_rows += len(range(len(idx))[self._host_rows])
         if pending is not None:
           done_idx, done = pending
-          out[done_idx] = np.asarray(jax.device_get(done))[:len(done_idx)]
+          out[done_idx] = frozen_pass.FrozenPass.fetch([done])
           if on_batch is not None:
             on_batch(len(done_idx))
         pending = None if idx is None else (idx, preds)

@@ -1,13 +1,14 @@
 """What the server runs: the policy's engine, its default attributes, the attribute model.
 
-The policy loads as configs/generate.py loads it (`inference.loading`: an HF
-directory or any training task's Orbax checkpoint), the attribute model as
+The policy loads as configs/generate.py loads it (`load.model`: an HF
+directory or any training task's Orbax run as `init.source`), the attribute model as
 every task loads one (`scoring.load.load_scorer` of `config.scorer`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pathlib
 import threading
 from typing import Any, Callable
@@ -18,8 +19,6 @@ import numpy as np
 from absl import logging
 
 from helpsteer_jax import runtime, weights
-from helpsteer_jax.data import template
-from helpsteer_jax.data.features import tokenize
 from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.engine import Engine
 from helpsteer_jax.inference.generator import make_engine
@@ -58,7 +57,7 @@ class Policy:
 
   engine: Engine
   tokenizer: Any
-  encode: Callable[[str], list[int]]  # a chat prompt (config.add_bos)
+  encode: Callable[[str], list[int]]  # a rendered chat prompt (steering.encode_prompt)
 
   def encode_plain(self, text: str) -> list[int]:
     """`text` as the tokenizer itself encodes it, with its own special tokens (a BOS only
@@ -77,12 +76,8 @@ def load_policy(config: ml_collections.ConfigDict, rt: runtime.Runtime,
   engine = make_engine(model, rt.mesh, tokenizer, rules=rt.rules, max_batch=serve.max_batch,
                        max_length=serve.max_length or None, chunk_steps=serve.chunk_steps,
                        pad_id=pad, stop_strings=tuple(config.stop_strings))
-
-  def encode(text: str) -> list[int]:
-    pieces = [template.Piece(text, False)]
-    return tokenize.tokenize_pieces(pieces, tokenizer, add_bos=config.add_bos).ids.tolist()
-
-  return Policy(engine, tokenizer, encode)
+  return Policy(engine, tokenizer, functools.partial(steering.encode_prompt, tokenizer=tokenizer,
+                                                     add_bos=config.add_bos))
 
 
 @dataclasses.dataclass

@@ -18,6 +18,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from helpsteer_jax.inference import engine as engine_lib
 from helpsteer_jax.inference import steering
+from helpsteer_jax.inference.sampling import sample_seed
 from helpsteer_jax.serve import protocol
 from helpsteer_jax.serve.state import AppState
 
@@ -58,11 +59,12 @@ def job(state: AppState, req, prompt_ids: list[int], chat: bool, echo: str = "")
         f"the prompt has {len(prompt_ids)} tokens; with max_tokens={asked} that exceeds"
         f" this model's context length {engine.max_length}", param="max_tokens",
         code="context_length_exceeded")
+  # OpenAI's `seed`: the same request and seed give the same choices; choice i's own seed.
   seed = random.getrandbits(31) if req.seed is None else req.seed
   return Job(prompt_ids, min(settings.max_tokens, room) if asked is None else asked,
              settings.temperature if req.temperature is None else req.temperature,
              settings.top_p if req.top_p is None else req.top_p,
-             [(seed + i) % 2**32 for i in range(req.n)], req.stop_strings(), chat, echo)
+             [sample_seed(seed, i) for i in range(req.n)], req.stop_strings(), chat, echo)
 
 
 def choices(jobs: list[Job]) -> list[Job]:

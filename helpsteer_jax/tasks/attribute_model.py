@@ -19,6 +19,7 @@ from absl import logging
 
 from helpsteer_jax import processes, runtime, weights
 from helpsteer_jax.data.batches import BT_BATCH, REGRESSION_BATCH, BatchSchema
+from helpsteer_jax.data.features import regression_ids as rid
 from helpsteer_jax.data.features import rm as rm_data
 from helpsteer_jax.data.formats import preference
 from helpsteer_jax.data.formats.rows import BadRecordReport
@@ -100,7 +101,7 @@ def final_evaluation(config, model, rt, tokenizer, val_records) -> tuple[dict, s
     return {}, ""
   # A BT row holds both responses: each had half the row in training.
   max_len = config.train.seq_len // (1 if config.loss == "regression" else 2)
-  tok = rm_data.RegressionTokenizer(tokenizer, max_len, config.data.truncation,
+  tok = rid.RegressionTokenizer(tokenizer, max_len, config.data.truncation,
                                     config.data.add_bos)
   scorer = ModelScorer(model, rt, tok, config.eval_batch_size)
   if config.loss == "regression":

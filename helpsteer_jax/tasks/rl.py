@@ -96,10 +96,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       config, workdir, rt, parts, s, make_engine, scorer, weights, [], [], reference,
       export.hf_exporter(workdir, setup.tokenizer_dir, tokenizer, parts, config, spec,
                          "RL-trained policy"), critic)
-  encode = generator.Generator(trainer.engine, add_bos=ro.add_bos).encode
   max_prompt = config.train.seq_len - s.max_new_tokens
-  trainer.train_prompts = prompts_lib.read_prompts(config, attributes, encode, max_prompt, "train")
-  trainer.eval_prompts = prompts_lib.read_prompts(config, attributes, encode, max_prompt, "eval")
+  read = functools.partial(prompts_lib.read_prompts, config, attributes, tokenizer, ro.add_bos,
+                           max_prompt)
+  trainer.train_prompts, trainer.eval_prompts = read("train"), read("eval")
   logging.info("rl: %s, %d training prompts, %d eval prompts, attributes %s", s.algorithm.name,
                len(trainer.train_prompts), len(trainer.eval_prompts), attributes or "none")
   result = trainer.run()

@@ -19,14 +19,13 @@ import functools
 import json
 import pathlib
 
-import jax
 import ml_collections
 import numpy as np
 from absl import logging
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 
-from helpsteer_jax import processes, runtime, sharding
+from helpsteer_jax import frozen_pass, processes, runtime, sharding
 from helpsteer_jax.data import template
 from helpsteer_jax.data.batches import STEERLM2_BATCH, STEERLM2_INPUT
 from helpsteer_jax.data.demo import rows as demo_rows
@@ -107,30 +106,15 @@ def read_requests(config: ml_collections.ConfigDict, names: tuple[str, ...],
   return out[:config.eval.requests] if held_out else out
 
 
-def _nll_fn(model: nnx.Module, chunk: int, mesh):
-  graphdef, state = nnx.split(model)
-  # Replicated: every process reads all of it.
-  fn = jax.jit(lambda s, b: loss_lib.response_nll(nnx.merge(graphdef, s), b, chunk),
-               out_shardings=NamedSharding(mesh, PartitionSpec()))
-  return functools.partial(fn, state)
-
-
 def group_nll(model: nnx.Module, examples: list[dict], rt: runtime.Runtime, micro: int,
               chunk: int) -> np.ndarray:
   """NLL [G, n] of each example's responses under `model`, `micro` groups per batch."""
-  fn, fields = _nll_fn(model, chunk, rt.mesh), STEERLM2_INPUT.names
+  graphdef, state = nnx.split(model)
   shards = sharding.spec_shard_count(sharding.batch_spec(rt.rules), rt.mesh, 0)
-  micro = -(-micro // shards) * shards
   layout = NamedSharding(rt.mesh, sharding.batch_spec(rt.rules))
-  out = []
-  for lo in range(0, len(examples), micro):
-    part = examples[lo:lo + micro]
-    rows = {k: np.stack([e[k] for e in part] + [np.zeros_like(part[0][k])] * (micro - len(part)))
-            for k in fields}
-    with jax.set_mesh(rt.mesh):
-      nll = fn({k: loop.global_array(v, layout) for k, v in rows.items()})
-    out.append(np.asarray(jax.device_get(nll))[:len(part)])
-  return np.concatenate(out)
+  nll = frozen_pass.FrozenPass(lambda s, b: loss_lib.response_nll(nnx.merge(graphdef, s), b, chunk),
+                   rt.mesh, layout, -(-micro // shards) * shards)
+  return nll((state,), {k: np.stack([e[k] for e in examples]) for k in STEERLM2_INPUT.names})
 
 
 def _requested(groups_requests: list[steering.Request], n: int, names) -> tuple[np.ndarray, ...]:

@@ -8,8 +8,9 @@ stopped, and a manifest with a fingerprint of the model source and the
 tokenized data, so a stale cache is recomputed rather than used.
 
 Several processes: each puts only its devices' rows of every batch (sharded
-over the mesh); process 0 alone checks the cache, decides which parts are
-missing (broadcast, so every process runs the same batches) and writes them.
+over the mesh, `frozen_pass.FrozenPass`); process 0 alone checks the cache,
+decides which parts are missing (broadcast, so every process runs the same
+batches) and writes them.
 """
 
 from __future__ import annotations
@@ -20,12 +21,11 @@ import pathlib
 import shutil
 from typing import Sequence
 
-import jax
 import numpy as np
 from absl import logging
 from jax.sharding import NamedSharding
 
-from helpsteer_jax import multihost, processes, runtime
+from helpsteer_jax import frozen_pass, multihost, processes, runtime
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.data.batches import REFERENCE_INPUT
 from helpsteer_jax.losses.pair_logprobs import model_segment_logps
@@ -58,12 +58,6 @@ def _prepare(cache: pathlib.Path, manifest: dict, starts: Sequence[int]) -> list
   return [s for s in starts if not _part(cache, s).exists()]
 
 
-def _global_batch(batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
-  """Every process holds the whole batch; each puts its own shards."""
-  return {k: jax.make_array_from_callback(v.shape, sharding, lambda idx, v=v: v[idx])
-          for k, v in batch.items()}
-
-
 def reference_logps(parts: state_lib.ModelParts, features: Sequence[dict[str, np.ndarray]],
                     rt: runtime.Runtime, rows: int, cache_dir: str | pathlib.Path,
                     model_source: str, chunk_size: int = 256, vocab_chunk: int = 0) -> np.ndarray:
@@ -82,8 +76,8 @@ def reference_logps(parts: state_lib.ModelParts, features: Sequence[dict[str, np
       return model_segment_logps(state_lib.merge_model(parts, params, base), batch, chunk_size,
                                  vocab_chunk)
 
-  with jax.set_mesh(rt.mesh):
-    step = jax.jit(forward, in_shardings=(parts.param_shardings, parts.base_shardings, sharding))
+  step = frozen_pass.FrozenPass(forward, rt.mesh, sharding, rows,
+                    (parts.param_shardings, parts.base_shardings))
   if todo:
     logging.info("reference pass: %d of %d batches to compute into %s", len(todo),
                  len(starts), cache)
@@ -92,17 +86,10 @@ def reference_logps(parts: state_lib.ModelParts, features: Sequence[dict[str, np
     chunk = features[start:start + rows]
     local += sharding_lib.local_row_count(sharding, rows, len(chunk))
     batch = {k: np.stack([f[k] for f in chunk]) for k in REFERENCE_INPUT.names}
-    if len(chunk) < rows:
-      batch = {k: np.concatenate([v, np.zeros((rows - len(chunk),) + v.shape[1:], v.dtype)])
-               for k, v in batch.items()}
-    with jax.set_mesh(rt.mesh):
-      out = step(parts.params, parts.base, _global_batch(batch, sharding))
-    if jax.process_count() > 1:
-      from jax.experimental import multihost_utils
-      out = multihost_utils.process_allgather(out, tiled=True)
+    out = step.fetch([step.dispatch((parts.params, parts.base), batch)])
     if processes.is_primary():
       part = _part(cache, start)
-      np.save(part.with_suffix(".tmp.npy"), np.asarray(out)[:len(chunk)])
+      np.save(part.with_suffix(".tmp.npy"), out)
       part.with_suffix(".tmp.npy").replace(part)
   multihost.report_split(f"reference pass {cache.name}: pairs computed", local)
   runtime.sync("reference_cache_done")

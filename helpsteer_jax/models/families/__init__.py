@@ -12,9 +12,8 @@ it is first asked for, so that a run loads the one it uses.
 
 from __future__ import annotations
 
-import importlib
 import os
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 from helpsteer_jax.models.config import ModelConfig
 from helpsteer_jax.models.families.base import Family, ParamMapping, block_ranges
@@ -25,27 +24,11 @@ from helpsteer_jax.models.hf_config import (
   common_to_hf,
   read_hf_config,
 )
+from helpsteer_jax.registry import LazyRegistry
 
-
-class _Registry(Mapping[str, Family]):
-  """HF model_type -> its `Family`, each read from the module of that name on first use."""
-
-  def __init__(self, model_types: tuple[str, ...]):
-    self._model_types = model_types
-
-  def __getitem__(self, model_type: str) -> Family:
-    if model_type not in self._model_types:
-      raise KeyError(model_type)
-    return importlib.import_module(f"{__name__}.{model_type}").FAMILY
-
-  def __iter__(self) -> Iterator[str]:
-    return iter(self._model_types)
-
-  def __len__(self) -> int:
-    return len(self._model_types)
-
-
-FAMILIES: Mapping[str, Family] = _Registry(("llama", "mistral", "qwen2", "qwen3", "gemma2"))
+FAMILIES: Mapping[str, Family] = LazyRegistry({
+    model_type: f"{__name__}.{model_type}:FAMILY"
+    for model_type in ("llama", "mistral", "qwen2", "qwen3", "gemma2")})
 
 __all__ = ["FAMILIES", "Family", "ParamMapping", "block_ranges",
            "config_from_hf", "config_to_hf", "for_config", "get"]

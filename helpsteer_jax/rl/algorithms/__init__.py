@@ -1,12 +1,16 @@
 """The online RL algorithms by name: the one list the settings check, the config's
 `algorithm` and the docs read. A new algorithm is a module beside these (a subclass of
-`base.Algorithm`) and one line here."""
+`base.Algorithm`) and one line here; its module is imported when first asked for."""
 
 from __future__ import annotations
 
-from helpsteer_jax.rl.algorithms.base import Algorithm
-from helpsteer_jax.rl.algorithms.grpo import GRPO
-from helpsteer_jax.rl.algorithms.ppo import PPO
-from helpsteer_jax.rl.algorithms.rloo import RLOO
+from typing import MutableMapping
 
-REGISTRY: dict[str, type[Algorithm]] = {cls.name: cls for cls in (RLOO, GRPO, PPO)}
+from helpsteer_jax.registry import LazyRegistry
+from helpsteer_jax.rl.algorithms.base import Algorithm
+
+REGISTRY: MutableMapping[str, type[Algorithm]] = LazyRegistry({
+    "rloo": f"{__name__}.rloo:RLOO",
+    "grpo": f"{__name__}.grpo:GRPO",
+    "ppo": f"{__name__}.ppo:PPO",
+})
