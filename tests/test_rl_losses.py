@@ -77,6 +77,31 @@ def test_rloo_and_grpo_advantages():
                              K / (K - 1) * adv_lib.grpo_advantages(r, K, scale=False), **TOL)
 
 
+@pytest.mark.parametrize("k", [4, 8, 16])
+def test_a_group_of_equal_rewards_gets_exactly_zero(k):
+  """Centred first, so equal fp32 rewards give 0 bit for bit for every K (0.1 is not
+  a float sum's fixed point: a mean of 8 or 16 of them is off by an ulp); the groups
+  with unequal rewards keep TRL's (r - mean) / (std + 1e-4) and the leave-one-out form."""
+  rng = np.random.default_rng(k)
+  rewards = rng.normal(0, 1, 3 * k).astype(np.float32)
+  rewards[k:2 * k] = np.float32(0.1)
+  (r,) = _f32(rewards)
+  r64 = rewards.astype(np.float64)
+  for adv in (adv_lib.grpo_advantages(r, k), adv_lib.grpo_advantages(r, k, scale=False),
+              adv_lib.rloo_advantages(r, k)):
+    assert (np.asarray(adv)[k:2 * k] == 0).all()
+  rest = np.r_[0:k, 2 * k:3 * k]
+  np.testing.assert_allclose(np.asarray(adv_lib.grpo_advantages(r, k))[rest],
+                             _np_grpo(r64, k)[rest], rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(adv_lib.grpo_advantages(r, k, scale=False))[rest],
+                             _np_grpo(r64, k, scale=False)[rest], rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(adv_lib.rloo_advantages(r, k))[rest],
+                             _np_rloo(r64, k)[rest], rtol=1e-6, atol=1e-6)
+  # Whitening a batch whose groups are all equal keeps the zeros.
+  same = jnp.full((2 * k,), 0.1, jnp.float32)
+  assert (np.asarray(adv_lib.rloo_advantages(same, k, normalize=True)) == 0).all()
+
+
 def test_a_group_of_one_is_refused():
   with pytest.raises(ConfigError, match="at least 2"):
     adv_lib.rloo_advantages(jnp.zeros(4), 1)

@@ -9,6 +9,10 @@ with `mask` [B, T] (1 up to and including the stop token).
 - GRPO (TRL GRPOTrainer): A_i = (r_i - mean_g r) / (std_g r + eps), std with
   Bessel's correction as torch's default; `scale=False` is Dr. GRPO's
   unscaled form.
+- A group whose rewards are all equal gets exactly 0 in every form, whatever K:
+  the rewards are centred first and such a group's advantages set to 0, since
+  a float mean of equal values need not equal them (TRL leaves the rounding,
+  which the 1e-4 eps then scales up).
 - The sequence-level KL penalty folded into the reward (TRL RLOO's
   `rlhf_reward`): r - kl_coef * sum_t (log pi - log ref).
 - GAE (Schulman et al. 2016; the backward recursion of TRL's PPOTrainer) for
@@ -35,26 +39,38 @@ def groups(rewards: jax.Array, k: int) -> jax.Array:
   return rewards.reshape(-1, k)
 
 
-def rloo_advantages(rewards: jax.Array, k: int, normalize: bool = False) -> jax.Array:
-  """[P * K] leave-one-out advantages; `normalize`: then whitened over the batch (TRL's
-  `normalize_advantages`, std with Bessel's correction, eps 1e-8)."""
+def _zero_if_equal(adv: jax.Array, r: jax.Array) -> jax.Array:
+  """[P, K] advantages with every group whose K rewards are equal set to exactly 0.
+
+  The spread max - min of equal floats is exactly 0 (their mean need not be), so
+  the test is exact and every group with unequal rewards keeps the published value.
+  """
+  spread = r.max(axis=1, keepdims=True) - r.min(axis=1, keepdims=True)
+  return jnp.where(spread > 0, adv, jnp.zeros_like(adv))
+
+
+def rloo_advantages(rewards: jax.Array, k: int, normalize: bool = False,
+                    eps: float = 1e-8) -> jax.Array:
+  """[P * K] leave-one-out advantages (0 for a group of equal rewards); `normalize`: then
+  whitened over the batch, (A - mean) / (std + `eps`), std with Bessel's correction
+  (TRL's `normalize_advantages`; TRL 1.9's eps is 1e-4)."""
   r = groups(rewards, k)
   baseline = (r.sum(axis=1, keepdims=True) - r) / (k - 1)
-  adv = (r - baseline).reshape(-1)
+  adv = _zero_if_equal(r - baseline, r).reshape(-1)
   if normalize:
-    adv = (adv - adv.mean()) / (jnp.std(adv, ddof=1) + 1e-8)
+    adv = (adv - adv.mean()) / (jnp.std(adv, ddof=1) + eps)
   return adv
 
 
 def grpo_advantages(rewards: jax.Array, k: int, scale: bool = True,
                     eps: float = 1e-4) -> jax.Array:
   """[P * K] group-relative advantages: reward minus the group mean, over the group's std
-  when `scale`. A group whose rewards are all equal gets 0."""
+  plus `eps` when `scale`; exactly 0 for a group whose rewards are all equal."""
   r = groups(rewards, k)
   adv = r - r.mean(axis=1, keepdims=True)
   if scale:
     adv = adv / (jnp.std(r, axis=1, ddof=1, keepdims=True) + eps)
-  return adv.reshape(-1)
+  return _zero_if_equal(adv, r).reshape(-1)
 
 
 def with_kl_penalty(scores: jax.Array, logp: jax.Array, ref_logp: jax.Array, mask: jax.Array,
