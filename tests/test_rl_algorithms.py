@@ -17,6 +17,7 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.rl import algorithms, settings
 from helpsteer_jax.rl.algorithms.base import Algorithm, LossSettings, per_token
 from helpsteer_jax.rl.algorithms.grpo import GRPO
+from helpsteer_jax.rl.algorithms.gspo import GSPO
 from helpsteer_jax.rl.algorithms.ppo import PPO
 from helpsteer_jax.rl.algorithms.rloo import RLOO
 
@@ -49,7 +50,7 @@ class _View:
 
 
 def test_the_registry_is_the_one_list():
-  assert list(algorithms.REGISTRY) == ["rloo", "grpo", "ppo"]
+  assert list(algorithms.REGISTRY) == ["rloo", "grpo", "ppo", "gspo"]
   with pytest.raises(ConfigError, match="choose one of rloo, grpo, ppo"):
     settings.read(_config(algorithm="a2c"))
   # The docs' table has one row per registered algorithm, in order.
@@ -132,6 +133,42 @@ def test_grpo_advantages_and_the_kl_only_with_beta(scale):
   assert "kl" not in without
   # Ratio 1: the loss is minus the advantages' token mean.
   np.testing.assert_allclose(total0, -(got * mask).sum(), **TOL)
+
+
+def test_gspo_takes_the_paper_s_defaults_and_a_sequence_ratio():
+  """GSPO's defaults (the paper's, as TRL 1.9's paper index sets them): eps 3e-4 / 4e-4,
+  beta 0, the loss averaged per completion; GRPO's stay 0.2 / 0.2 and 0.04."""
+  s = settings.read(_config(algorithm="gspo"))
+  assert s.algorithm == GSPO(beta=0.0, scale_advantages=True, importance_level="sequence")
+  assert (s.eps_low, s.eps_high, s.aggregation) == (3e-4, 4e-4, "sequence")
+  assert not s.uses_reference
+  g = settings.read(_config(algorithm="grpo"))
+  assert (g.eps_low, g.eps_high, g.algorithm.beta) == (0.2, 0.2, 0.04)
+  assert g.algorithm.importance_level == "token"
+  config = _config(algorithm="gspo")
+  config.loss.update(importance_level="sequence_token", eps_low=1e-3, beta=0.01)
+  s = settings.read(config)
+  assert s.algorithm.importance_level == "sequence_token" and s.uses_reference
+  assert (s.eps_low, s.eps_high) == (1e-3, 4e-4)
+  config.loss.importance_level = "token"
+  with pytest.raises(ConfigError, match="loss.importance_level='token'"):
+    settings.read(config)
+
+  logp, ref, mask, scores = _rollouts(6)
+  algo = GSPO()
+  adv = algo.advantages({"mask": mask}, scores, K, logp, ref)
+  np.testing.assert_allclose(adv, GRPO().advantages({"mask": mask}, scores, K, logp, ref))
+  old = logp + np.random.default_rng(7).normal(0, 1e-3, logp.shape) * mask
+  view = _View(advantages=adv, mask=mask, ref_logp=ref)
+  common = LossSettings(eps_low=3e-4, eps_high=4e-4, aggregation="sequence", max_tokens=T)
+  total, weight, sums = algo.loss_sums(*(jnp.asarray(x, jnp.float32) for x in (logp, old)),
+                                       view, common)
+  n = mask.sum(-1)
+  ratio = np.exp(((logp - old) * mask).sum(-1) / n)  # one per completion
+  a = adv[:, 0]
+  want = -np.minimum(ratio * a, np.clip(ratio, 1 - 3e-4, 1 + 4e-4) * a)
+  np.testing.assert_allclose(total / weight, want.mean(), **TOL)
+  assert "kl" not in sums
 
 
 class _Critic:

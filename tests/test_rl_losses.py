@@ -3,8 +3,10 @@ NumPy (float64 loops written as the references write them; compared in fp32 to 1
 
 References: TRL GRPOTrainer `_compute_loss` (advantages with torch's unbiased std and
 eps 1e-4, the clipped per-token objective with eps_low / eps_high, k3 KL, loss types
-grpo / bnpo / dr_grpo), TRL RLOOTrainer (leave-one-out baseline, `rlhf_reward` with a
-sequence-level KL, `normalize_advantages`, `missing_eos_penalty`), TRL PPOTrainer (the
+grpo / bnpo / dr_grpo; TRL 1.9's `importance_sampling_level` "sequence", GSPO, and
+the experimental gspo_token trainer's "sequence_token"), TRL RLOOTrainer (leave-one-out
+baseline, `rlhf_reward` with a sequence-level KL, `normalize_advantages`,
+`missing_eos_penalty`, TRL 1.9's summed sequence ratio), TRL PPOTrainer (the
 backward GAE recursion, `vf_loss`), NeMo-RL REINFORCE with a leave-one-out baseline.
 """
 
@@ -122,12 +124,24 @@ def test_kl_in_the_reward_and_the_truncation_penalty():
   np.testing.assert_allclose(got, np.where(finished, rewards, rewards - 1.5), **TOL)
 
 
-def _np_policy_loss(logp, old, ref, adv, mask, beta, eps_low, eps_high, kind, max_tokens):
+def _np_log_weight(logp, old, mask, i, t, level):
+  """TRL 1.9 GRPOTrainer's `log_importance_weights` (and its experimental gspo_token
+  trainer's "sequence_token", whose value is the sequence's) at row i, token t."""
+  if level == "token":
+    return logp[i, t] - old[i, t]
+  total = sum((logp[i, u] - old[i, u]) * mask[i, u] for u in range(T))
+  if level == "sequence_sum":  # TRL 1.9 RLOOTrainer: logps.sum(1) - old_logps.sum(1)
+    return total
+  return total / max(mask[i].sum(), 1.0)
+
+
+def _np_policy_loss(logp, old, ref, adv, mask, beta, eps_low, eps_high, kind, max_tokens,
+                    level="token"):
   b = logp.shape[0]
   per_token = np.zeros_like(logp)
   for i in range(b):
     for t in range(T):
-      ratio = np.exp(logp[i, t] - old[i, t])
+      ratio = np.exp(_np_log_weight(logp, old, mask, i, t, level))
       clipped = min(max(ratio, 1 - eps_low), 1 + eps_high)
       loss = -min(ratio * adv[i], clipped * adv[i])
       d = ref[i, t] - logp[i, t]
@@ -171,6 +185,66 @@ def test_micro_batch_sums_add_up_to_the_batch_loss(kind):
                                   aggregation=kind, max_tokens=T)
     total, weight = total + float(t), weight + float(w)
   np.testing.assert_allclose(total / weight, want, **TOL)
+
+
+@pytest.mark.parametrize("level", ["sequence", "sequence_token", "sequence_sum"])
+@pytest.mark.parametrize("kind", pg.AGGREGATIONS)
+def test_sequence_level_ratios(level, kind):
+  """GSPO's ratio (TRL 1.9 `importance_sampling_level="sequence"`), GSPO-token's and TRL
+  RLOOTrainer's summed one: one ratio per completion, clipped per completion."""
+  logp, _, ref, mask, rewards = _batch(7)
+  old = logp + np.random.default_rng(8).normal(0, 0.05, logp.shape)
+  adv = _np_grpo(rewards, K)
+  eps = (3e-4, 4e-4) if level != "sequence_sum" else (0.2, 0.2)
+  want = _np_policy_loss(logp, old, ref, adv, mask, 0.04, *eps, kind, T, level=level)
+  got, metrics = pg.policy_loss(*_f32(logp, old, ref, adv, mask), beta=0.04, eps_low=eps[0],
+                                eps_high=eps[1], aggregation=kind, max_tokens=T,
+                                importance_level=level)
+  np.testing.assert_allclose(got, want, **TOL)
+  assert 0 < float(metrics["clip_fraction"]) < 1
+  with pytest.raises(ConfigError, match="choose one of token, sequence"):
+    pg.log_importance_weights(*_f32(logp, old, mask), level="geometric")
+
+
+def _np_sequence_grad(logp, old, adv, mask, eps_low, eps_high, per_token_adv):
+  """d/d logp of the "sequence" aggregation (TRL's loss_type="grpo") of GSPO's loss,
+  by hand: the unclipped term's s_i A / |y_i| per token (0 where the clip is active),
+  over B; GSPO-token with per-token advantages A_it: s_i A_it / |y_i|."""
+  b = logp.shape[0]
+  grad = np.zeros_like(logp)
+  for i in range(b):
+    n = max(mask[i].sum(), 1.0)
+    s = np.exp(sum((logp[i, u] - old[i, u]) * mask[i, u] for u in range(T)) / n)
+    for t in range(T):
+      a = adv[i, t] if per_token_adv else adv[i]
+      clipped = min(max(s, 1 - eps_low), 1 + eps_high)
+      active = clipped * a < s * a  # the min takes the clipped, constant term
+      grad[i, t] = 0.0 if active else -s * a * mask[i, t] / n / b
+  return grad
+
+
+def test_gspo_gradients_and_gspo_token_with_per_token_advantages():
+  """With one advantage per completion GSPO-token's gradient is GSPO's (TRL's gspo_token
+  docs); with per-token advantages each token's own advantage drives it."""
+  logp, _, _, mask, rewards = _batch(9)
+  old = logp + np.random.default_rng(10).normal(0, 3e-4, logp.shape)
+  adv = _np_grpo(rewards, K)
+  lp, o, m = _f32(logp, old, mask)
+
+  def loss(x, a, level):
+    return pg.policy_loss(x, o, None, a, m, beta=0.0, eps_low=3e-4, eps_high=4e-4,
+                          aggregation="sequence", importance_level=level)[0]
+
+  want = _np_sequence_grad(logp, old, adv, mask, 3e-4, 4e-4, per_token_adv=False)
+  clipped_rows = (np.abs(want).sum(-1) == 0).sum()
+  assert 0 < clipped_rows < len(want)  # both branches of the min are exercised
+  (a,) = _f32(adv)
+  for level in ("sequence", "sequence_token"):
+    np.testing.assert_allclose(jax.grad(loss)(lp, a, level), want, **TOL)
+  adv_t = np.random.default_rng(11).normal(0, 1, logp.shape) * mask
+  want = _np_sequence_grad(logp, old, adv_t, mask, 3e-4, 4e-4, per_token_adv=True)
+  (a_t,) = _f32(adv_t)
+  np.testing.assert_allclose(jax.grad(loss)(lp, a_t, "sequence_token"), want, **TOL)
 
 
 def test_on_the_first_update_the_gradient_is_reinforce():

@@ -24,6 +24,7 @@ KL 3e-3, the 0.65/0.8/0.45 reward).
 """
 
 import ml_collections
+from ml_collections.config_dict import placeholder
 
 from helpsteer_jax import config_base
 from helpsteer_jax.config_sections import (
@@ -70,11 +71,17 @@ def _rollout():
 def _loss():
   return ml_collections.ConfigDict(dict(
       kl_coef=0.05,        # rloo, ppo: the KL to the reference in the reward
-      beta=0.04,           # grpo: k3 KL to the reference per token in the loss
-      eps_low=0.2, eps_high=0.2,  # ratio clipping (DAPO: eps_high > eps_low)
+      # grpo, gspo: k3 KL to the reference per token in the loss; unset = the algorithm's
+      # own (grpo 0.04, gspo 0: the GSPO paper's)
+      beta=placeholder(float),
+      # Ratio clipping (DAPO: eps_high > eps_low); unset = the algorithm's own (0.2, 0.2;
+      # gspo 3e-4, 4e-4: the GSPO paper's, for its sequence-level ratio)
+      eps_low=placeholder(float), eps_high=placeholder(float),
       aggregation="",      # "sequence" | "token" | "dr_grpo"; "" = the algorithm's own
       normalize_advantages=False,  # rloo: whiten advantages over the batch
-      scale_advantages=True,       # grpo: divide by the group's std (False: Dr. GRPO)
+      scale_advantages=True,       # grpo, gspo: divide by the group's std (False: Dr. GRPO)
+      # gspo: "sequence" (one clipped ratio per completion) or "sequence_token" (GSPO-token)
+      importance_level=placeholder(str),
       truncation_penalty=0.0,      # subtracted from completions cut at max_new_tokens
       epochs=1,            # passes over a rollout batch (> 1: ratios move off 1, clipping)
       # Recompute the sampling policy's log-probs on the training path even with one

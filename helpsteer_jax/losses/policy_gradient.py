@@ -8,7 +8,14 @@ reference; `mask` [B, T] is 1 up to and including the stop token.
 
 - Clipped surrogate (PPO; GRPO's per-token form, DAPO's asymmetric
   eps_low / eps_high): -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A),
-  rho = exp(logp - old_logp).
+  rho = exp(log w), the importance weight at a level (TRL 1.9 GRPOTrainer's
+  `importance_sampling_level`): "token", log w = logp - old_logp; "sequence"
+  (GSPO, Zheng et al. 2025), one weight per completion, the masked mean of the
+  token log-ratios; "sequence_token" (GSPO-token, TRL's experimental
+  gspo_token trainer), the sequence weight's value with each token's own
+  gradient, log w_t - sg(log w_t) + sg(sequence mean); "sequence_sum" (TRL
+  1.9 RLOOTrainer), one weight per completion, the sum of the token
+  log-ratios.
 - k3 KL estimator to the reference (Schulman's; TRL's `per_token_kl`):
   exp(ref - logp) - (ref - logp) - 1, added as beta * KL per token.
 - Aggregation (TRL's `loss_type`): "sequence" (mean over each completion's
@@ -25,6 +32,7 @@ import jax.numpy as jnp
 from helpsteer_jax.errors import ConfigError
 
 AGGREGATIONS = ("sequence", "token", "dr_grpo")
+IMPORTANCE_LEVELS = ("token", "sequence", "sequence_token", "sequence_sum")
 
 
 def k3_kl(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
@@ -33,12 +41,31 @@ def k3_kl(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
   return jnp.exp(d) - d - 1.0
 
 
-def clipped_surrogate(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array,
-                      eps_low: float, eps_high: float) -> jax.Array:
-  """[B, T] per-token loss of the clipped objective; `advantages` [B] (one per
-  completion) or [B, T] (per token)."""
+def log_importance_weights(logp: jax.Array, old_logp: jax.Array, mask: jax.Array,
+                           level: str = "token") -> jax.Array:
+  """Log importance weights at `level` (see IMPORTANCE_LEVELS): [B, T] for "token" and
+  "sequence_token", [B, 1] (one per completion) for "sequence" and "sequence_sum"."""
+  log_ratio = logp - old_logp
+  if level == "token":
+    return log_ratio
+  if level not in IMPORTANCE_LEVELS:
+    raise ConfigError(f"importance level {level!r}: choose one of"
+                      f" {', '.join(IMPORTANCE_LEVELS)}")
+  summed = (log_ratio * mask).sum(-1, keepdims=True)
+  if level == "sequence_sum":
+    return summed
+  seq = summed / jnp.maximum(mask.sum(-1, keepdims=True), 1.0)
+  if level == "sequence":
+    return seq
+  return log_ratio - jax.lax.stop_gradient(log_ratio) + jax.lax.stop_gradient(seq)
+
+
+def clipped_objective(log_w: jax.Array, advantages: jax.Array, eps_low: float,
+                      eps_high: float) -> jax.Array:
+  """[B, T] (or [B, 1]) loss -min(rho A, clip(rho) A), rho = exp(`log_w`) [B, T] or
+  [B, 1]; `advantages` [B] (one per completion) or [B, T] (per token)."""
   adv = advantages[:, None] if advantages.ndim == 1 else advantages
-  ratio = jnp.exp(logp - old_logp)
+  ratio = jnp.exp(log_w)
   return -jnp.minimum(ratio * adv, jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv)
 
 
@@ -67,34 +94,38 @@ def aggregate(per_token: jax.Array, mask: jax.Array, kind: str,
 
 def policy_loss_sums(logp: jax.Array, old_logp: jax.Array, ref_logp: jax.Array | None,
                      advantages: jax.Array, mask: jax.Array, *, beta: float, eps_low: float,
-                     eps_high: float, aggregation: str, max_tokens: int | None = None
+                     eps_high: float, aggregation: str, max_tokens: int | None = None,
+                     importance_level: str = "token"
                      ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
   """`policy_loss` as sums, for accumulation over micro-batches: (summed loss, its
-  normaliser, token sums: `tokens`, `clipped` (ratio clipped) and, with a reference,
-  `kl`)."""
-  per_token = clipped_surrogate(logp, old_logp, advantages, eps_low, eps_high)
+  normaliser, token sums: `tokens`, `clipped` (tokens whose ratio, or whose
+  completion's, was clipped) and, with a reference, `kl`)."""
+  log_w = log_importance_weights(logp, old_logp, mask, importance_level)
+  per_token = jnp.broadcast_to(clipped_objective(log_w, advantages, eps_low, eps_high),
+                               logp.shape)
   sums = {"tokens": mask.sum()}
   if ref_logp is not None and beta:
     kl = k3_kl(logp, ref_logp)
     per_token = per_token + beta * kl
     sums["kl"] = (kl * mask).sum()
   adv = advantages[:, None] if advantages.ndim == 1 else advantages
-  ratio = jnp.exp(logp - old_logp)
+  ratio = jnp.exp(log_w)
   clipped = ((ratio < 1.0 - eps_low) & (adv < 0)) | ((ratio > 1.0 + eps_high) & (adv > 0))
-  sums["clipped"] = (clipped * mask).sum()
+  sums["clipped"] = (jnp.broadcast_to(clipped, logp.shape) * mask).sum()
   total, weight = aggregate_sum(per_token, mask, aggregation, max_tokens)
   return total, weight, sums
 
 
 def policy_loss(logp: jax.Array, old_logp: jax.Array, ref_logp: jax.Array | None,
                 advantages: jax.Array, mask: jax.Array, *, beta: float, eps_low: float,
-                eps_high: float, aggregation: str, max_tokens: int | None = None
-                ) -> tuple[jax.Array, dict[str, jax.Array]]:
+                eps_high: float, aggregation: str, max_tokens: int | None = None,
+                importance_level: str = "token") -> tuple[jax.Array, dict[str, jax.Array]]:
   """The clipped policy loss with `beta` times the k3 KL per token, aggregated; and its
   metrics: the mean KL and the fraction of tokens whose ratio was clipped (masked means)."""
   total, weight, sums = policy_loss_sums(
       logp, old_logp, ref_logp, advantages, mask, beta=beta, eps_low=eps_low,
-      eps_high=eps_high, aggregation=aggregation, max_tokens=max_tokens)
+      eps_high=eps_high, aggregation=aggregation, max_tokens=max_tokens,
+      importance_level=importance_level)
   tokens = jnp.maximum(sums["tokens"], 1.0)
   metrics = {"clip_fraction": sums["clipped"] / tokens}
   if "kl" in sums:

@@ -113,11 +113,18 @@ def read(config: ml_collections.ConfigDict) -> RLSettings:
                     f"{tc.seq_len - 1} (train.seq_len holds the prompt and the completion)")
   if not ro.temperature > 0:
     problems.append(f"rollout.temperature={ro.temperature}: RL samples, so it must be > 0")
-  aggregation = lc.aggregation or (kind.default_aggregation if kind else "token")
+  required = algorithm.required_aggregation if algorithm else None
+  aggregation = required or lc.aggregation or (kind.default_aggregation if kind else "token")
   if aggregation not in AGGREGATIONS:
     problems.append(f"loss.aggregation={aggregation!r}: choose one of {', '.join(AGGREGATIONS)}")
-  if not (0 <= lc.eps_low < 1 and lc.eps_high >= 0):
-    problems.append(f"loss.eps_low={lc.eps_low} must be in [0, 1) and loss.eps_high >= 0")
+  if required and lc.aggregation and lc.aggregation != required:
+    problems.append(f"loss.aggregation={lc.aggregation!r}: these {kind.name} settings define"
+                    f" the loss with {required!r}; leave it unset")
+  eps_low, eps_high = kind.default_clip if kind else (0.2, 0.2)
+  eps_low = eps_low if lc.get("eps_low") is None else float(lc.eps_low)
+  eps_high = eps_high if lc.get("eps_high") is None else float(lc.eps_high)
+  if not (0 <= eps_low < 1 and eps_high >= 0):
+    problems.append(f"loss.eps_low={eps_low} must be in [0, 1) and loss.eps_high >= 0")
   if lc.epochs < 1:
     problems.append(f"loss.epochs={lc.epochs} must be >= 1")
   if rc.normalize not in NORMALIZATIONS:
@@ -135,7 +142,7 @@ def read(config: ml_collections.ConfigDict) -> RLSettings:
   return RLSettings(
       algorithm=algorithm, prompts=p, k=k, max_new_tokens=int(ro.max_new_tokens),
       temperature=float(ro.temperature), top_p=float(ro.top_p), top_k=int(ro.top_k),
-      eps_low=float(lc.eps_low), eps_high=float(lc.eps_high), aggregation=aggregation,
+      eps_low=eps_low, eps_high=eps_high, aggregation=aggregation,
       truncation_penalty=float(lc.truncation_penalty), epochs=int(lc.epochs),
       updates_per_epoch=rows // tc.global_batch, normalize=rc.normalize, reward_mean=mean,
       reward_std=std, steer_coef=float(rc.steer_coef), steer_attributes=steer,

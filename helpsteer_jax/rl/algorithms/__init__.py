@@ -13,4 +13,5 @@ REGISTRY: MutableMapping[str, type[Algorithm]] = LazyRegistry({
     "rloo": f"{__name__}.rloo:RLOO",
     "grpo": f"{__name__}.grpo:GRPO",
     "ppo": f"{__name__}.ppo:PPO",
+    "gspo": f"{__name__}.gspo:GSPO",
 })

@@ -8,7 +8,10 @@ must provide:
 - `needs_critic`: a value model trained beside the policy (`rl.critic`);
 - `needs_old_logprobs`: the sampling policy's log-probs recomputed on the
   training path even with one optimizer step per rollout batch;
-- `default_aggregation`: how its per-token losses become the batch loss;
+- `default_aggregation`: how its per-token losses become the batch loss (unless
+  `loss.aggregation` names one; `required_aggregation`, where a setting fixes it);
+- `default_clip`: (eps_low, eps_high) of the clipped ratio unless `loss.eps_low` /
+  `loss.eps_high` are set;
 - `batch`: the schema of the rows an iteration trains on: `ROLLOUT_BATCH`, which the
   policy's loss reads, or an extension with the fields its other models read (PPO's
   critic).
@@ -47,14 +50,15 @@ class Algorithm:
   needs_critic: ClassVar[bool] = False
   needs_old_logprobs: ClassVar[bool] = False
   default_aggregation: ClassVar[str] = "token"
+  default_clip: ClassVar[tuple[float, float]] = (0.2, 0.2)
   batch: ClassVar[BatchSchema] = ROLLOUT_BATCH
 
   @classmethod
   def from_config(cls, loss: ml_collections.ConfigDict) -> Algorithm:
-    """The algorithm with its fields read from `config.loss` (missing keys: defaults)."""
+    """The algorithm with its fields read from `config.loss` (missing or None: defaults)."""
     values = {}
     for f in dataclasses.fields(cls):
-      if f.name in loss:
+      if loss.get(f.name) is not None:
         kind = type(f.default) if f.default is not dataclasses.MISSING else float
         values[f.name] = kind(loss[f.name])
     return cls(**values)
@@ -67,6 +71,17 @@ class Algorithm:
   def uses_reference(self) -> bool:
     """Whether an iteration computes the reference's log-probabilities."""
     return False
+
+  @property
+  def importance_level(self) -> str:
+    """Where the ratio to the sampling policy is taken and clipped (one of
+    `policy_gradient.IMPORTANCE_LEVELS`)."""
+    return "token"
+
+  @property
+  def required_aggregation(self) -> str | None:
+    """The aggregation these settings' loss is defined with, if they fix one."""
+    return None
 
   def shape_scores(self, scores: np.ndarray, logp: np.ndarray, ref_logp: np.ndarray,
                    mask: np.ndarray) -> np.ndarray:
@@ -87,7 +102,7 @@ class Algorithm:
     return policy_gradient.policy_loss_sums(
         logp, old_logp, None, batch.advantages, batch.mask, beta=0.0,
         eps_low=common.eps_low, eps_high=common.eps_high, aggregation=common.aggregation,
-        max_tokens=common.max_tokens)
+        max_tokens=common.max_tokens, importance_level=self.importance_level)
 
 
 def per_token(advantages: jax.Array | np.ndarray, mask: np.ndarray) -> np.ndarray:

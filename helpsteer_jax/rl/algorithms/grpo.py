@@ -42,4 +42,5 @@ class GRPO(Algorithm):
     return policy_gradient.policy_loss_sums(
         logp, old_logp, batch.ref_logp if self.beta else None, batch.advantages, batch.mask,
         beta=self.beta, eps_low=common.eps_low, eps_high=common.eps_high,
-        aggregation=common.aggregation, max_tokens=common.max_tokens)
+        aggregation=common.aggregation, max_tokens=common.max_tokens,
+        importance_level=self.importance_level)
