@@ -9,6 +9,7 @@ import re
 import runpy
 from typing import ClassVar
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -109,6 +110,68 @@ def test_rloo_folds_the_kl_into_the_reward_and_leaves_one_out():
   want = (groups - (groups.sum(1, keepdims=True) - groups) / (K - 1)).reshape(-1)
   np.testing.assert_allclose(got, want[:, None] * mask, **TOL)
   assert RLOO(kl_coef=0.0).shape_scores(scores, logp, ref, mask) is scores
+
+
+def _np_trl_rloo_loss(logp, old, adv, mask, eps_low, eps_high):
+  """TRL 1.9 RLOOTrainer `_compute_loss`: logps = (per_token_logps * mask).sum(1), the
+  same of the old ones; coef_1 = exp(logps - old_logps), clamped; -min(...).mean()."""
+  losses = []
+  for i in range(len(adv)):
+    log_ratio = sum((logp[i, t] - old[i, t]) * mask[i, t] for t in range(T))
+    coef_1 = np.exp(log_ratio)
+    coef_2 = min(max(coef_1, 1 - eps_low), 1 + eps_high)
+    losses.append(-min(coef_1 * adv[i], coef_2 * adv[i]))
+  return np.mean(losses)
+
+
+def test_rloo_in_trl_s_form():
+  """`loss.rloo_form=trl`: TRL RLOOTrainer's sequence ratio and per-completion mean, its
+  whitening eps 1e-4; at ratio 1 the token form's gradient is B / N_tok times it."""
+  config = _config(algorithm="rloo")
+  config.loss.rloo_form = "trl"
+  s = settings.read(config)
+  assert s.algorithm == RLOO(kl_coef=0.05, rloo_form="trl") and s.aggregation == "sequence"
+  config.loss.aggregation = "token"
+  with pytest.raises(ConfigError, match="loss.aggregation='token'.*'sequence'"):
+    settings.read(config)
+  config.loss.update(aggregation="", rloo_form="nemo")
+  with pytest.raises(ConfigError, match="loss.rloo_form='nemo'"):
+    settings.read(config)
+
+  logp, ref, mask, scores = _rollouts(8)
+  trl, token = RLOO(rloo_form="trl"), RLOO()
+  shaped = trl.shape_scores(scores, logp, ref, mask)
+  np.testing.assert_allclose(shaped, token.shape_scores(scores, logp, ref, mask))
+  adv = trl.advantages({"mask": mask}, shaped, K, logp, ref)
+  g = shaped.reshape(P, K)
+  loo = (g - (g.sum(1, keepdims=True) - g) / (K - 1)).reshape(-1)
+  np.testing.assert_allclose(adv, loo[:, None] * mask, **TOL)
+  for algo, eps in ((RLOO(normalize_advantages=True, rloo_form="trl"), 1e-4),
+                    (RLOO(normalize_advantages=True), 1e-8)):
+    got = algo.advantages({"mask": mask}, shaped, K, logp, ref)
+    want = (loo - loo.mean()) / (loo.std(ddof=1) + eps)  # TRL 1.9: nanstd + 1e-4
+    np.testing.assert_allclose(got, want[:, None] * mask, **TOL)
+
+  old = logp + np.random.default_rng(9).normal(0, 0.05, logp.shape) * mask
+  view = _View(advantages=adv, mask=mask)
+  common = dataclasses.replace(settings.read(_config(algorithm="rloo")).loss,
+                               aggregation="sequence", max_tokens=T)
+  lp, o = (jnp.asarray(x, jnp.float32) for x in (logp, old))
+  total, weight, sums = trl.loss_sums(lp, o, view, common)
+  np.testing.assert_allclose(total / weight, _np_trl_rloo_loss(logp, old, loo, mask, 0.2, 0.2),
+                             **TOL)
+  assert 0 < float(sums["clipped"]) < mask.sum()
+
+  def loss(x, algo, aggregation):
+    c = dataclasses.replace(common, aggregation=aggregation)
+    total, weight, _ = algo.loss_sums(x, jax.lax.stop_gradient(x), view, c)
+    return total / weight
+
+  g_trl = jax.grad(loss)(lp, trl, "sequence")
+  g_token = jax.grad(loss)(lp, token, "token")
+  b, n_tok = len(loo), mask.sum()
+  np.testing.assert_allclose(g_trl, -loo[:, None] * mask / b, **TOL)
+  np.testing.assert_allclose(g_token, g_trl * b / n_tok, **TOL)
 
 
 @pytest.mark.parametrize("scale", [True, False])

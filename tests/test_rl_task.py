@@ -67,6 +67,21 @@ def test_the_first_iteration_is_on_policy_and_lora_references_the_base(tmp_path)
   assert rows[2]["kl"] != 0.0
   # The engine decodes the updated, merged weights: its sampler agrees with the trainer.
   assert rows[2]["sampler_logp_gap"] < 1e-3
+@pytest.mark.parametrize("algorithm, overrides", [
+    ("gspo", {"loss.importance_level": "sequence_token"}),
+    ("rloo", {"loss.rloo_form": "trl"})])
+def test_sequence_ratio_forms_train_off_policy(tmp_path, algorithm, overrides):
+  """GSPO(-token) and TRL's RLOO form end to end with two epochs, so that the second
+  pass's ratios per completion move off 1 and their clip range acts."""
+  config = _config(algorithm=algorithm, **{"train.num_steps": 2, "prompts.eval_limit": 2,
+                                            "loss.epochs": 2, **overrides})
+  summary = task.run(config, str(tmp_path))
+  assert summary["status"] == "finished"
+  rows = _train_rows(tmp_path)
+  assert all(np.isfinite(r["loss"]) and 0 <= r["clip_fraction"] <= 1 for r in rows.values())
+  assert any(r["clip_fraction"] > 0 for r in rows.values())
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"algorithm": "rloo", "rollout.samples_per_prompt": 1}, "at least 2"),
     ({"algorithm": "grpo", "rollout.samples_per_prompt": 1}, "at least 2"),

@@ -1,4 +1,4 @@
-"""Online RL with the attribute model as the reward: RLOO, GRPO (and PPO).
+"""Online RL with the attribute model as the reward: RLOO, GRPO, GSPO (and PPO).
 
   # the default AC-SFT run's policy, the demo prompts, the demo data's rules as the reward
   helpsteer-jax --config=configs/acsft.py && helpsteer-jax --config=configs/rl.py
@@ -79,6 +79,10 @@ def _loss():
       eps_low=placeholder(float), eps_high=placeholder(float),
       aggregation="",      # "sequence" | "token" | "dr_grpo"; "" = the algorithm's own
       normalize_advantages=False,  # rloo: whiten advantages over the batch
+      # rloo: "token" (the clipped ratio per token, the batch's token mean) or "trl" (TRL
+      # RLOOTrainer's: one ratio per completion, the sum of its token log-ratios, clipped
+      # per completion, the mean over completions; whitening eps 1e-4)
+      rloo_form="token",
       scale_advantages=True,       # grpo, gspo: divide by the group's std (False: Dr. GRPO)
       # gspo: "sequence" (one clipped ratio per completion) or "sequence_token" (GSPO-token)
       importance_level=placeholder(str),
