@@ -62,3 +62,16 @@ def make_brevity(scorer_config):
     return out
 
   return scorer
+
+
+def make_binary(scorer_config):
+  """Helpfulness 4 for a response of at most 12 characters, else 0: a pass/fail reward,
+  as a verifier gives, under which many groups score all alike (dynamic sampling's
+  case)."""
+  def scorer(convs):
+    out = np.zeros((len(convs), len(ATTRIBUTES)), np.float32)
+    for i, conv in enumerate(convs):
+      out[i, 4] = 4.0 if len(conv.turns[-1].text) <= 12 else 0.0
+    return out
+
+  return scorer

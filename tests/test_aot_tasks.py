@@ -45,7 +45,7 @@ CASES = {
     # RL: the policy update on rollout rows (the reference's log-probs ride in the batch).
     "rl_grpo": ("rl", {"rollout.max_new_tokens": 16},
                 {"inputs", "targets", "positions", "segment_ids", "at", "mask", "advantages",
-                 "old_logp", "ref_logp"}),
+                 "old_logp", "ref_logp", "sampler_weight"}),
     # SteerLM 2.0: groups of n responses, their log Q' and importance weights.
     "steerlm2": ("steerlm2", {}, {"inputs", "targets", "positions", "segment_ids", "weights",
                                   "log_q", "ws", "group_weight"}),

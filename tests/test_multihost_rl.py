@@ -72,3 +72,32 @@ def test_rl_two_processes_train_as_one(task_inputs, tmp_path):
     # Adam turns a rounding-level gradient difference into up to a fraction of lr.
     np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-5, atol=1e-4)
   assert {p.split(os.sep)[0] for p in run.written(1, tmp_path / "w")} <= {"checkpoints"}
+
+
+def test_dapo_rounds_and_the_sampler_correction_are_the_same_on_two_processes(
+    task_inputs, tmp_path):
+  """DAPO's dynamic sampling (a pass/fail reward, so that groups are dropped and
+  further rounds sampled) and the sampler correction of bf16 rollouts decide the same
+  on two processes as on one: the same rounds, drop rates, rewards and eval samples."""
+  def args(workdir):
+    base = [a for a in _rl(task_inputs, workdir) if not a.startswith("--config.scorer.source")]
+    return (*base, "--config.algorithm=dapo", "--config.scorer.source=fake_scorer:make_binary",
+            "--config.loss.dynamic_sampling_rounds=2", "--config.rollout.dtype=bfloat16",
+            "--config.loss.sampler_correction=token_truncate")
+
+  tg.single(*args(tmp_path / "single"))
+  tg.run_two(tmp_path, *args(tmp_path / "w"))
+  tg.assert_same(tmp_path / "single", tmp_path / "w", "samples/iteration_000002.jsonl")
+  one, two = (tg_rows(tmp_path / name) for name in ("single", "w"))
+  assert len(one) == len(two) == 2
+  for a, b in zip(one, two):
+    for key in ("reward", "response_length", "dynamic_rounds", "dynamic_drop_rate",
+                "dynamic_filled"):
+      assert a[key] == b[key], key
+    for key in ("mismatch_kl_k3", "is_weight_mean", "loss"):
+      np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-6, err_msg=key)
+
+
+def tg_rows(workdir):
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  return [r for r in rows if "dynamic_rounds" in r]

@@ -76,7 +76,8 @@ def test_one_step_per_rollout_needs_no_old_logprobs(tmp_path):
   batch.update(mask=jnp.asarray(r.mask), old_logp=old * r.mask,
                ref_logp=(old + jnp.asarray(rng.normal(0, 0.1, old.shape), jnp.float32))
                * r.mask,
-               advantages=jnp.asarray(rng.normal(size=(2 * K, 1)) * r.mask, jnp.float32))
+               advantages=jnp.asarray(rng.normal(size=(2 * K, 1)) * r.mask, jnp.float32),
+               sampler_weight=jnp.ones_like(old))
 
   def loss_and_grad(s):
     def f(m):

@@ -64,6 +64,9 @@ def _rollout():
       max_new_tokens=64,
       temperature=1.0, top_p=1.0, top_k=0,
       max_batch=0,            # rows the engine decodes at once; 0 = every completion
+      # The engine's compute and weight dtype ("" = the policy's model.dtype), e.g.
+      # bfloat16 rollouts of an fp32 update (see loss.sampler_correction)
+      dtype="",
       add_bos=True,
       stop_strings=tuple(DEFAULT_STOP_STRINGS)))
 
@@ -87,6 +90,21 @@ def _loss():
       # gspo: "sequence" (one clipped ratio per completion) or "sequence_token" (GSPO-token)
       importance_level=placeholder(str),
       truncation_penalty=0.0,      # subtracted from completions cut at max_new_tokens
+      # DAPO's rollout side, for any algorithm; unset = the algorithm's own (off; dapo: on).
+      # Overlong shaping: 0 up to max_new_tokens - overlong_buffer tokens, then falling
+      # linearly to -overlong_penalty at the limit (dapo: a fifth of max_new_tokens, 1.0)
+      overlong_buffer=placeholder(int), overlong_penalty=placeholder(float),
+      filter_truncated=placeholder(bool),  # completions cut at the limit out of the loss
+      # Groups whose rewards are all equal replaced by further prompts' groups, in up to
+      # this many extra rollout rounds (dapo: 10; 0 = off)
+      dynamic_sampling_rounds=placeholder(int),
+      # Truncated importance sampling of the sampler's log-prob gap (TRL's
+      # vllm_importance_sampling_mode): "" (off), token_truncate, token_mask,
+      # sequence_truncate, sequence_mask; the cap C (TRL 1.9's 3.0)
+      sampler_correction="", sampler_correction_cap=3.0,
+      # The reference's log-probs for the `kl` metric when the algorithm has no KL term
+      # (gspo, dapo: beta 0): a frozen copy of the policy (free with fresh LoRA adapters)
+      track_kl=False,
       epochs=1,            # passes over a rollout batch (> 1: ratios move off 1, clipping)
       # Recompute the sampling policy's log-probs on the training path even with one
       # optimizer step per rollout batch (always done with several, or top-p/top-k).

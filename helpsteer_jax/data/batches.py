@@ -238,7 +238,9 @@ ROLLOUT_BATCH = BatchSchema(
     mask=Field(np.float32, _COMPLETION, doc="1 through the stop token"),
     advantages=Field(np.float32, _COMPLETION, doc="per-token advantage (0 on padding)"),
     old_logp=Field(np.float32, _COMPLETION, doc="log-prob under the sampling policy"),
-    ref_logp=Field(np.float32, _COMPLETION, doc="log-prob under the reference"))
+    ref_logp=Field(np.float32, _COMPLETION, doc="log-prob under the reference"),
+    sampler_weight=Field(np.float32, _COMPLETION,
+                         doc="the sampler correction's weight (read only with it on)"))
 
 # PPO: also the critic's values at sampling time and the GAE returns.
 PPO_ROLLOUT_BATCH = ROLLOUT_BATCH.extend(

@@ -15,6 +15,9 @@ with `mask` [B, T] (1 up to and including the stop token).
   which the 1e-4 eps then scales up).
 - The sequence-level KL penalty folded into the reward (TRL RLOO's
   `rlhf_reward`): r - kl_coef * sum_t (log pi - log ref).
+- DAPO's overlong reward shaping (Yu et al. 2025, Eq. 13; verl's DAPO reward
+  manager): 0 up to L_max - L_cache tokens, then falling linearly to -factor at
+  L_max.
 - GAE (Schulman et al. 2016; the backward recursion of TRL's PPOTrainer) for
   PPO's per-token rewards (the KL to the reference at every token, the score
   at the last), the value after a completion's last token 0, and the
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from helpsteer_jax.errors import ConfigError
 
@@ -84,6 +88,15 @@ def truncation_penalty(scores: jax.Array, finished: jax.Array, penalty: float) -
   """[B] scores less `penalty` for completions that ran out of tokens before a stop (TRL's
   `missing_eos_penalty`); `finished` [B] is true where a stop ended the completion."""
   return jnp.where(finished, scores, scores - penalty)
+
+
+def overlong_penalty(lengths: np.ndarray, max_len: int, buffer: int,
+                     factor: float = 1.0) -> np.ndarray:
+  """[B] float32 penalties (<= 0) of completions of `lengths` tokens: -factor * (length -
+  (max_len - buffer)) / buffer past max_len - buffer, else 0 (verl's
+  min(-exceed / buffer * factor, 0); DAPO's Eq. 13 for lengths up to max_len)."""
+  exceed = np.asarray(lengths, np.float64) - (max_len - buffer)
+  return np.minimum(-exceed / buffer * factor, 0.0).astype(np.float32)
 
 
 def gae(rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: float,

@@ -95,14 +95,18 @@ def aggregate(per_token: jax.Array, mask: jax.Array, kind: str,
 def policy_loss_sums(logp: jax.Array, old_logp: jax.Array, ref_logp: jax.Array | None,
                      advantages: jax.Array, mask: jax.Array, *, beta: float, eps_low: float,
                      eps_high: float, aggregation: str, max_tokens: int | None = None,
-                     importance_level: str = "token"
+                     importance_level: str = "token", sampler_weights: jax.Array | None = None
                      ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
   """`policy_loss` as sums, for accumulation over micro-batches: (summed loss, its
   normaliser, token sums: `tokens`, `clipped` (tokens whose ratio, or whose
-  completion's, was clipped) and, with a reference, `kl`)."""
+  completion's, was clipped) and, with a reference, `kl`). `sampler_weights` [B, T]:
+  the sampler correction's constant weights (`losses.sampler_correction`), multiplying
+  the clipped surrogate per token before the KL term, as TRL's GRPOTrainer does."""
   log_w = log_importance_weights(logp, old_logp, mask, importance_level)
   per_token = jnp.broadcast_to(clipped_objective(log_w, advantages, eps_low, eps_high),
                                logp.shape)
+  if sampler_weights is not None:
+    per_token = per_token * jax.lax.stop_gradient(sampler_weights)
   sums = {"tokens": mask.sum()}
   if ref_logp is not None and beta:
     kl = k3_kl(logp, ref_logp)

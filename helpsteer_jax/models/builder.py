@@ -257,6 +257,18 @@ def merge_adapters(model: nnx.Module, dtype: str | None = None) -> nnx.Module:
   return model
 
 
+def with_dtype(model: nnx.Module, dtype: str) -> nnx.Module:
+  """A copy of `model` computing in and storing its parameters in `dtype` (e.g. bf16
+  rollouts of an fp32 policy); `model` is unchanged."""
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  cast = jax.jit(lambda tree: jax.tree.map(lambda a: a.astype(dtype), tree))
+  copy = nnx.merge(graphdef, cast(params), rest)
+  for _, node in nnx.iter_graph(copy):
+    if isinstance(node, nnx.Module) and isinstance(getattr(node, "cfg", None), ModelConfig):
+      node.cfg = dataclasses.replace(node.cfg, dtype=dtype, param_dtype=dtype)
+  return copy
+
+
 def _merged(w: jax.Array, a: jax.Array, b: jax.Array, *, scale: float, dtype) -> jax.Array:
   """W + scale A B for stacked layers: W [L, in..., out...], A [L, in..., r], B [L, r, out...]."""
   layers, rank = a.shape[0], a.shape[-1]

@@ -60,8 +60,10 @@ def plot_curves(workdir: str | pathlib.Path) -> pathlib.Path | None:
   ax_r.plot(sorted(evals), [evals[s] for s in sorted(evals)], "o-", label="eval (greedy)")
   ax_r.set(xlabel="iteration", ylabel="reward", title="weighted attribute reward")
   ax_r.legend()
-  ax_kl.plot(steps, [train[s]["kl"] for s in steps])
-  ax_kl.set(xlabel="iteration", ylabel="KL (nats per completion)", title="KL to the reference")
+  ax_kl.plot(steps, [train[s].get("kl", float("nan")) for s in steps])
+  ax_kl.set(xlabel="iteration", ylabel="KL (nats per completion)",
+            title="KL to the reference" if any("kl" in train[s] for s in steps)
+            else "KL to the reference (not computed: loss.track_kl)")
   fig.tight_layout()
   out = pathlib.Path(workdir) / "rl_curves.png"
   fig.savefig(out, dpi=110)

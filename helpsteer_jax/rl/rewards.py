@@ -54,7 +54,10 @@ class RunningMoments:
 
   @property
   def std(self) -> float:
-    return float(np.sqrt(self.m2 / (self.count - 1))) if self.count > 1 else 1.0
+    """The sample std; 1 while every reward so far is equal (up to float rounding, which
+    would otherwise be scaled up), so that equal rewards standardise to about 0."""
+    std = float(np.sqrt(max(self.m2, 0.0) / (self.count - 1))) if self.count > 1 else 0.0
+    return std if std > 1e-6 * max(1.0, abs(self.mean)) else 1.0
 
 
 def rollout_rewards(preds: np.ndarray, weights: Mapping[str, float], *,

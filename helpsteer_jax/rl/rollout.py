@@ -78,8 +78,9 @@ def arrays(prompts: Sequence[Sequence[int]], k: int, outputs: Sequence[Output],
                   [o.text for o in outputs])
 
 
-def _keys(n: int, seed: int, step: int) -> list[tuple[int, ...]]:
-  return [(seed, step, i) for i in range(n)]
+def _keys(n: int, seed: int, step: int, first: int = 0) -> list[tuple[int, ...]]:
+  """The seed keys of `n` prompts at positions `first`.. of iteration `step`."""
+  return [(seed, step, first + i) for i in range(n)]
 
 
 def sample(engine: Engine, prompts: Sequence[Sequence[int]], k: int, max_new_tokens: int, *,
@@ -95,10 +96,11 @@ def sample(engine: Engine, prompts: Sequence[Sequence[int]], k: int, max_new_tok
 def sample_and_score(engine: Engine, prompts: Sequence[Prompt], k: int, max_new_tokens: int,
                      scorer: Scorer, *, temperature: float = 1.0, top_p: float = 1.0,
                      top_k: int = 0, seed: int = 0, step: int = 0, pad_id: int = 0,
-                     on_sampled: Callable[[Rollouts], Any] | None = None
+                     on_sampled: Callable[[Rollouts], Any] | None = None, first: int = 0
                      ) -> tuple[Rollouts, np.ndarray, Any]:
   """`sample`'s rollouts of `prompts`, the scorer's [P * K, 9] predictions of them, and
-  what `on_sampled(rollouts)` returned (it runs before scoring; None without one)."""
+  what `on_sampled(rollouts)` returned (it runs before scoring; None without one).
+  `first`: the prompts' first position in the iteration (their seeds' index)."""
   ids = [p.ids for p in prompts]
   done: list = [None, None]
 
@@ -108,6 +110,7 @@ def sample_and_score(engine: Engine, prompts: Sequence[Prompt], k: int, max_new_
 
   sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
   scored = sample_score.sample_and_score(engine, ids, [p.request for p in prompts], k,
-                                         max_new_tokens, sampling, _keys(len(ids), seed, step),
+                                         max_new_tokens, sampling,
+                                         _keys(len(ids), seed, step, first),
                                          scorer, on_sampled=sampled)
   return done[0], scored.predictions, done[1]

@@ -10,12 +10,14 @@ import pathlib
 import ml_collections
 
 from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.losses import sampler_correction
 from helpsteer_jax.losses.policy_gradient import AGGREGATIONS
 from helpsteer_jax.rl.algorithms import REGISTRY
 from helpsteer_jax.rl.algorithms.base import Algorithm, LossSettings
 from helpsteer_jax.rl.rewards import STEERABLE
 
 NORMALIZATIONS = ("running", "fixed", "none")
+ROLLOUT_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +42,10 @@ class RLSettings:
   steer_coef: float
   steer_attributes: tuple[str, ...]
   recompute_logprobs: bool
+  sampler_correction: str = ""      # a `losses.sampler_correction` mode, or "" (off)
+  sampler_correction_cap: float = 3.0
+  rollout_dtype: str = ""           # the engine's dtype ("" = the policy's)
+  track_kl: bool = False            # the reference's log-probs for the KL metric alone
 
   @property
   def rows(self) -> int:
@@ -53,11 +59,14 @@ class RLSettings:
 
   @property
   def uses_reference(self) -> bool:
-    return self.algorithm.uses_reference
+    """Whether an iteration computes the reference's log-probabilities: for the
+    algorithm's loss or reward, or for the `kl` metric alone (`loss.track_kl`)."""
+    return self.algorithm.uses_reference or self.track_kl
 
   @property
   def loss(self) -> LossSettings:
-    return LossSettings(self.eps_low, self.eps_high, self.aggregation, self.max_new_tokens)
+    return LossSettings(self.eps_low, self.eps_high, self.aggregation, self.max_new_tokens,
+                        bool(self.sampler_correction))
 
   @property
   def recomputes_old_logp(self) -> bool:
@@ -70,6 +79,7 @@ class RLSettings:
     (top-p 1, top-k 0). TRL's GRPOTrainer skips the same pass in the same case.
     """
     return (self.recompute_logprobs or self.algorithm.needs_old_logprobs
+            or bool(self.sampler_correction)
             or self.updates > 1 or self.top_p < 1.0 or self.top_k > 0)
 
 
@@ -94,9 +104,22 @@ def read(config: ml_collections.ConfigDict) -> RLSettings:
     problems.append(f"algorithm={config.algorithm!r}: choose one of {', '.join(REGISTRY)}")
     algorithm = None
   else:
-    algorithm = kind.from_config(lc)
+    algorithm = kind.from_config(lc).resolved(int(ro.max_new_tokens))
     problems.extend(algorithm.problems())
   k, p = int(ro.samples_per_prompt), int(ro.prompts_per_iteration)
+  if algorithm is not None:
+    problems.extend(algorithm.rollout_problems(int(ro.max_new_tokens), k))
+  correction = str(lc.get("sampler_correction", "") or "")
+  cap = float(lc.get("sampler_correction_cap", 3.0))
+  if correction and correction not in sampler_correction.MODES:
+    problems.append(f"loss.sampler_correction={correction!r}: choose one of"
+                    f" {', '.join(sampler_correction.MODES)} (or '' for none)")
+  if not cap > 0:
+    problems.append(f"loss.sampler_correction_cap={cap} must be > 0")
+  rollout_dtype = str(ro.get("dtype", "") or "")
+  if rollout_dtype not in ("", *ROLLOUT_DTYPES):
+    problems.append(f"rollout.dtype={rollout_dtype!r}: choose one of {', '.join(ROLLOUT_DTYPES)}"
+                    " (or '' for the policy's model.dtype)")
   if kind is not None and k < kind.min_samples:
     problems.append(f"rollout.samples_per_prompt={k}: {kind.name} compares each completion"
                     f" with the other samples of its prompt, so it needs at least"
@@ -146,4 +169,6 @@ def read(config: ml_collections.ConfigDict) -> RLSettings:
       truncation_penalty=float(lc.truncation_penalty), epochs=int(lc.epochs),
       updates_per_epoch=rows // tc.global_batch, normalize=rc.normalize, reward_mean=mean,
       reward_std=std, steer_coef=float(rc.steer_coef), steer_attributes=steer,
-      recompute_logprobs=bool(lc.get("recompute_logprobs", False)))
+      recompute_logprobs=bool(lc.get("recompute_logprobs", False)),
+      sampler_correction=correction, sampler_correction_cap=cap, rollout_dtype=rollout_dtype,
+      track_kl=bool(lc.get("track_kl", False)))

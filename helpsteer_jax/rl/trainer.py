@@ -42,14 +42,14 @@ import numpy as np
 from absl import logging
 from jax.sharding import NamedSharding
 
-from helpsteer_jax import frozen_pass, processes, runtime
+from helpsteer_jax import frozen_pass, runtime
 from helpsteer_jax import sharding as sharding_lib
-from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.engine import Engine
 from helpsteer_jax.losses import advantages as adv_lib
+from helpsteer_jax.losses import sampler_correction
 from helpsteer_jax.models import builder
 from helpsteer_jax.rl import critic as critic_lib
-from helpsteer_jax.rl import objective, rewards, rollout
+from helpsteer_jax.rl import dynamic_sampling, evaluation, objective, rewards, rollout
 from helpsteer_jax.rl.rollout import Prompt
 from helpsteer_jax.rl.settings import RLSettings
 from helpsteer_jax.scoring import rewards as scoring_rewards
@@ -124,7 +124,7 @@ class RLTrainer:
     self.batch_sharding = loop.step_batch_sharding(rt)
     self.rows_sharding = NamedSharding(rt.mesh, sharding_lib.batch_spec(rt.rules))
     self._compile(reference)
-    self.engine = make_engine(self.policy_model())
+    self.engine = make_engine(self.engine_model())
 
   @property
   def iteration(self) -> int:
@@ -159,11 +159,20 @@ class RLTrainer:
         logprobs, self.rt.mesh, self.rows_sharding, self.tc.micro_batch,
         (self.state_shardings.params, parts.base_shardings, *frozen_shardings))
     self._frozen, self._logprob_outputs = frozen, with_old or with_ref
+    self._with_ref = with_ref
 
   def policy_model(self):
     """The current policy as the engine decodes it (LoRA adapters merged in)."""
     model = state_lib.merge_model(self.parts, self.state.params)
     return builder.merge_adapters(model) if state_lib.has_adapters(model) else model
+
+  def engine_model(self):
+    """The policy in the engine's dtype (`rollout.dtype`)."""
+    model = self.policy_model()
+    dtype = self.s.rollout_dtype
+    if not dtype or (model.cfg.dtype, model.cfg.param_dtype) == (dtype, dtype):
+      return model
+    return builder.with_dtype(model, dtype)
 
   # -- one iteration -------------------------------------------------------------
 
@@ -204,55 +213,111 @@ class RLTrainer:
     ref = outs["ref"] if "ref" in outs else np.zeros_like(old)
     return old, ref, self.s.recomputes_old_logp
 
+  def _scores(self, preds: np.ndarray, requested: list[dict], r: rollout.Rollouts
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """[R] rewards (normalised, with the steering term) and the scores the advantages
+    read before the algorithm's own terms: less the truncation penalty, with the
+    overlong shaping."""
+    s = self.s
+    reward = self._rewards(preds, requested)
+    scores = reward
+    if s.truncation_penalty:
+      scores = np.asarray(adv_lib.truncation_penalty(scores, r.finished, s.truncation_penalty))
+    return reward, s.algorithm.length_scores(scores, r.mask.sum(-1), s.max_new_tokens)
+
+  def _sample(self, iteration: int, indices: list[int], first: int = 0,
+              on_sampled: Callable | None = None) -> tuple[rollout.Rollouts, np.ndarray, Any]:
+    s = self.s
+    return rollout.sample_and_score(
+        self.engine, [self.train_prompts[i] for i in indices], s.k, s.max_new_tokens,
+        self.scorer, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+        seed=self.config.seed, step=iteration, pad_id=self.engine.pad_id,
+        on_sampled=on_sampled, first=first)
+
+  def _dynamic_rollouts(self, iteration: int, first: list[int]
+                        ) -> tuple[dynamic_sampling.Round, dict[str, float], float]:
+    """The iteration's groups by dynamic sampling (`rl.dynamic_sampling`), its metrics
+    and the seconds spent sampling."""
+    s, sampling_s = self.s, [0.0]
+
+    def sample_round(round_: int, indices: list[int]) -> dynamic_sampling.Round:
+      t = time.perf_counter()
+
+      def sampled(_):
+        sampling_s[0] += time.perf_counter() - t
+
+      r, preds, _ = self._sample(iteration, indices, round_ * s.prompts, sampled)
+      prompts = [self.train_prompts[i] for i in indices]
+      reward, scores = self._scores(preds, self._requested(prompts, s.k), r)
+      return dynamic_sampling.Round(indices, r, preds, reward, scores)
+
+    batch, metrics = dynamic_sampling.collect(
+        sample_round, first, len(self.train_prompts), s.k,
+        s.algorithm.dynamic_sampling_rounds, self.config.seed, iteration)
+    return batch, metrics, sampling_s[0]
+
   def run_iteration(self, iteration: int) -> dict[str, float]:
     """Samples, scores and trains once; the iteration's metrics."""
     s, tc = self.s, self.tc
     t0 = time.perf_counter()
-    prompts = [self.train_prompts[i] for i in self.prompt_indices(iteration)]
-
-    def sampled(r: rollout.Rollouts) -> tuple[float, dict[str, np.ndarray], list]:
+    indices = self.prompt_indices(iteration)
+    if s.algorithm.dynamic_sampling_rounds:
+      batch, extra, t_rollout = self._dynamic_rollouts(iteration, indices)
+      r, preds, reward, scores, indices = (batch.rollouts, batch.preds, batch.rewards,
+                                           batch.scores, batch.prompts)
       rows = objective.pack(r, tc.seq_len, self.engine.pad_id)
-      return time.perf_counter() - t0, rows, self._dispatch_logprobs(rows)
+      pending = self._dispatch_logprobs(rows)
+      requested = self._requested([self.train_prompts[i] for i in indices], s.k)
+    else:
+      def sampled(r: rollout.Rollouts) -> tuple[float, dict[str, np.ndarray], list]:
+        rows = objective.pack(r, tc.seq_len, self.engine.pad_id)
+        return time.perf_counter() - t0, rows, self._dispatch_logprobs(rows)
 
-    r, preds, (t_rollout, rows, pending) = rollout.sample_and_score(
-        self.engine, prompts, s.k, s.max_new_tokens, self.scorer, temperature=s.temperature,
-        top_p=s.top_p, top_k=s.top_k, seed=self.config.seed, step=iteration,
-        pad_id=self.engine.pad_id, on_sampled=sampled)
-    requested = self._requested(prompts, s.k)
+      r, preds, (t_rollout, rows, pending) = self._sample(iteration, indices,
+                                                          on_sampled=sampled)
+      requested = self._requested([self.train_prompts[i] for i in indices], s.k)
+      reward, scores = self._scores(preds, requested, r)
+      extra = {}
     raw = scoring_rewards.rewards(preds, self.weights)
-    reward = self._rewards(preds, requested)
     t_score = time.perf_counter() - t0 - t_rollout
     old_logp, ref_logp, recomputed = self._fetch_logprobs(pending, r)
     mask = r.mask
-    scores = reward
-    if s.truncation_penalty:
-      scores = np.asarray(adv_lib.truncation_penalty(scores, r.finished, s.truncation_penalty))
+    # DAPO's overlong filtering: a completion cut at the limit is no evidence either way.
+    loss_mask = mask * r.finished[:, None] if s.algorithm.filter_truncated else mask
     kl_seq = ((old_logp - ref_logp) * mask).sum(-1)
     scores = s.algorithm.shape_scores(scores, old_logp, ref_logp, mask)
-    rows.update(mask=mask, old_logp=old_logp * mask, ref_logp=ref_logp * mask)
+    weights = (sampler_correction.weights(old_logp, r.sampler_logp, loss_mask,
+                                          s.sampler_correction, s.sampler_correction_cap)
+               if s.sampler_correction else np.ones_like(mask))
+    rows.update(mask=loss_mask, old_logp=old_logp * mask, ref_logp=ref_logp * mask,
+                sampler_weight=weights)
     rows["advantages"] = s.algorithm.advantages(rows, scores, s.k, old_logp, ref_logp,
                                                 self.critic)
     t_update0 = time.perf_counter()
     sums = self._updates(iteration, rows)
     t_update = time.perf_counter() - t_update0
-    self.engine.load_weights(self.policy_model())
+    self.engine.load_weights(self.engine_model())
 
     tokens = float(mask.sum())
     row_tokens = float(np.sum(rows["segment_ids"] > 0))
     metrics = {
         "reward": float(np.mean(raw)), "reward_normalized": float(np.mean(reward)),
         "reward_std": float(np.std(raw)), "score": float(np.mean(scores)),
-        "kl": float(np.mean(kl_seq)),
         "entropy": float(-(old_logp * mask).sum() / max(tokens, 1.0)),
         "response_length": tokens / len(mask),
         "truncated": float(np.mean(~r.finished)),
         "rollout_tokens_per_s": tokens / max(t_rollout, 1e-9),
         "update_tokens_per_s": s.epochs * row_tokens / max(t_update, 1e-9),
         "rollout_s": t_rollout, "score_s": t_score, "update_s": t_update,
-        "iteration_s": time.perf_counter() - t0, **sums}
+        "iteration_s": time.perf_counter() - t0, **sums, **extra}
+    if self._with_ref:
+      metrics["kl"] = float(np.mean(kl_seq))
     if recomputed:
       metrics["sampler_logp_gap"] = float(np.abs((r.sampler_logp - old_logp) * mask).sum()
                                           / max(tokens, 1.0))
+      metrics.update(sampler_correction.metrics(
+          old_logp, r.sampler_logp, mask, weights if s.sampler_correction else None,
+          s.sampler_correction or "token_truncate"))
     if s.steer_coef or any(requested):
       metrics["steer_distance"] = float(np.mean(rewards.steering_distance(
           preds, requested, s.steer_attributes)))
@@ -297,28 +362,10 @@ class RLTrainer:
   # -- evaluation ------------------------------------------------------------------
 
   def evaluate(self, iteration: int, max_new_tokens: int) -> dict[str, float]:
-    """Greedy answers to the eval prompts, scored: mean reward, steering distance,
-    length; process 0 writes them to `samples/iteration_<N>.jsonl`."""
-    if not self.eval_prompts:
-      return {}
-    r, preds, _ = rollout.sample_and_score(self.engine, self.eval_prompts, 1, max_new_tokens,
-                                           self.scorer, temperature=0.0,
-                                           pad_id=self.engine.pad_id)
-    raw = scoring_rewards.rewards(preds, self.weights)
-    requested = self._requested(self.eval_prompts, 1)
-    out = {"reward": float(np.mean(raw)), "response_length": float(r.mask.sum(-1).mean()),
-           "truncated": float(np.mean(~r.finished)),
-           "steer_distance": float(np.mean(rewards.steering_distance(
-               preds, requested, self.s.steer_attributes)))}
-    if processes.is_primary():
-      path = self.workdir / "samples" / f"iteration_{iteration:06d}.jsonl"
-      path.parent.mkdir(parents=True, exist_ok=True)
-      with open(path, "w", encoding="utf-8") as f:
-        for p, text, done, pred, rew in zip(self.eval_prompts, r.texts, r.finished, preds, raw):
-          row = p.request.output_row(steering.response_text(text, "stop" if done else "length"),
-                                     reward=float(rew), scores=[float(x) for x in pred])
-          f.write(json.dumps(row) + "\n")
-    return out
+    """`rl.evaluation.evaluate` of the current policy on the eval prompts."""
+    return evaluation.evaluate(self.engine, self.eval_prompts, self.scorer, self.weights,
+                               self.s.steer_attributes, max_new_tokens, self.workdir,
+                               iteration)
 
   # -- the loop ----------------------------------------------------------------------
 
@@ -333,7 +380,8 @@ class RLTrainer:
       done.update(self.run_iteration(it))
 
     def logged(_: int, force: bool):
-      return dict(done), 1, {"reward": f"{done['reward']:.3f}", "kl": f"{done['kl']:.3f}",
+      return dict(done), 1, {"reward": f"{done['reward']:.3f}",
+                             "kl": f"{done.get('kl', float('nan')):.3f}",
                              "tok_s": f"{done['rollout_tokens_per_s']:.0f}"}
 
     hooks = run_loop.Hooks(

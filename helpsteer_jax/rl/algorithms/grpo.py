@@ -43,4 +43,4 @@ class GRPO(Algorithm):
         logp, old_logp, batch.ref_logp if self.beta else None, batch.advantages, batch.mask,
         beta=self.beta, eps_low=common.eps_low, eps_high=common.eps_high,
         aggregation=common.aggregation, max_tokens=common.max_tokens,
-        importance_level=self.importance_level)
+        importance_level=self.importance_level, sampler_weights=common.sampler_weights(batch))
