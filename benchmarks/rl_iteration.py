@@ -1,7 +1,15 @@
 """One online-RL iteration: our `rl` task vs. TRL's GRPOTrainer and RLOOTrainer (PyTorch CPU).
 
 python benchmarks/rl_iteration.py [--prompts 8 --k 4 --new 64 --iterations 2
+                                   --algorithms grpo,rloo,gspo,dapo
                                    --trl-python /tmp/work/venv-trl/bin/python]
+
+GSPO and DAPO run with their own settings on both sides: GSPO is TRL's GRPOTrainer
+with `importance_sampling_level="sequence"`, clip 3e-4 / 4e-4, beta 0; DAPO is
+`loss_type="dapo"`, clip 0.2 / 0.28, beta 0. Our DAPO also runs dynamic sampling
+(and its overlong shaping), which TRL does not have: a dropped group costs us an
+extra rollout round, counted in the iteration's time (`dynamic_rounds` in the raw
+result).
 
 An iteration samples K completions for each of P prompts with the current
 policy, scores them, and takes one optimizer step on the P x K completions.
@@ -72,7 +80,10 @@ def _our_config(spec: dict):
   config.rollout.update(prompts_per_iteration=spec["prompts"], samples_per_prompt=spec["k"],
                         max_new_tokens=spec["max_new_tokens"], temperature=spec["temperature"],
                         top_p=1.0, top_k=0, stop_strings=())
-  config.loss.update(beta=GRPO_BETA, kl_coef=RLOO_KL, eps_low=EPS_CLIP, eps_high=EPS_CLIP)
+  if spec["algorithm"] in ("grpo", "rloo"):
+    config.loss.update(beta=GRPO_BETA, kl_coef=RLOO_KL, eps_low=EPS_CLIP, eps_high=EPS_CLIP)
+  # gspo and dapo keep their own settings (no KL; clip 3e-4 / 4e-4, 0.2 / 0.28): TRL's
+  # side configures the same (rl_iteration_trl.py).
   config.reward.normalize = "none"
   config.scorer.source = "rl_reward:make_scorer"
   for name in config.scorer.weights:
@@ -141,9 +152,9 @@ def run_ours(spec: dict, result_path: str) -> None:
   trainer.close()
   peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   keys = ("rollout_s", "score_s", "update_s", "iteration_s", "rollout_tokens_per_s",
-          "update_tokens_per_s", "response_length", "reward", "kl", "loss")
+          "update_tokens_per_s", "response_length", "reward", "kl", "loss", "dynamic_rounds")
   result = {"warm_up_s": round(warm_s, 2),
-            "iterations": [{k: m[k] for k in keys} for m in iterations],
+            "iterations": [{k: m[k] for k in keys if k in m} for m in iterations],
             "engine_compiles_after_warm_up": trainer.engine.compiled_variants - compiled,
             "xla_compiles_after_warm_up_s": compiles,
             "rows": s.rows, "completion_tokens": s.rows * s.max_new_tokens,

@@ -5,7 +5,7 @@
 
 `make-model` saves a random LlamaForCausalLM of the spec's shape (seed 0) with
 transformers' `save_pretrained`: the weights both sides start from.
-`run` trains `GRPOTrainer` or `RLOOTrainer` (PyTorch, CPU, fp32) for one
+`run` trains `GRPOTrainer` (GRPO, GSPO, DAPO) or `RLOOTrainer` (PyTorch, CPU, fp32) for one
 warm-up and `iterations` timed steps, one rollout of P x K completions and one
 optimizer step each, and writes per-step seconds (the step from a
 TrainerCallback's on_step_begin to on_step_end; the generation inside it from
@@ -66,6 +66,15 @@ def run(spec: dict, result_path: str) -> None:
   if algorithm == "grpo":
     args = trl.GRPOConfig(beta=spec["beta"], loss_type="grpo", scale_rewards="group",
                           epsilon=spec["eps_clip"], **common_args)
+    trainer_cls = trl.GRPOTrainer
+  elif algorithm == "gspo":  # the GSPO paper's settings, as TRL's paper index gives them
+    args = trl.GRPOConfig(beta=0.0, loss_type="grpo", scale_rewards="group",
+                          importance_sampling_level="sequence", epsilon=3e-4,
+                          epsilon_high=4e-4, **common_args)
+    trainer_cls = trl.GRPOTrainer
+  elif algorithm == "dapo":  # clip-higher and the token-level loss; no dynamic sampling
+    args = trl.GRPOConfig(beta=0.0, loss_type="dapo", scale_rewards="group", epsilon=0.2,
+                          epsilon_high=0.28, **common_args)
     trainer_cls = trl.GRPOTrainer
   else:
     args = trl.RLOOConfig(beta=spec["kl_coef"], normalize_advantages=False,

@@ -112,6 +112,7 @@ def test_abstract_step_compiles_on_the_cpu_mesh(case):
                                                   "critic"}),
     ({"algorithm": "rloo", "model.lora.rank": 4, "model.lora.base_dtype": "bfloat16",
       "scorer.source": "/runs/attribute_model"}, {"engine", "attribute_model"}),
+    ({"algorithm": "dapo", "rollout.dtype": "bfloat16"}, {"engine"}),
 ])
 def test_rl_step_counts_the_iteration_s_arrays(overrides, held):
   """The RL step compiles with what an iteration keeps in device memory as unread
@@ -130,6 +131,9 @@ def test_rl_step_counts_the_iteration_s_arrays(overrides, held):
   assert cache[0].shape[:3] == (rows, config.model.num_kv_heads, config.train.seq_len)
   if "lora" in str(overrides):  # the engine decodes merged weights at the base's dtype
     assert {str(x.dtype) for x in jax.tree.leaves(engine["weights"])} == {"bfloat16"}
+  if "rollout.dtype" in overrides:  # its own bf16 copy of every weight, a bf16 cache
+    assert {str(x.dtype) for x in jax.tree.leaves(engine)} == {"bfloat16"}
+    assert len(jax.tree.leaves(engine["weights"])) == len(jax.tree.leaves(spec.args[0].params))
   compiled = spec.lower().compile()
   own = resident.per_device_bytes(spec.args[:-1])
   got = compiled.memory_analysis().argument_size_in_bytes

@@ -5,8 +5,9 @@ arguments of the policy's update step, so XLA's per-device memory report
 counts them with the shardings the run gives them:
 
 - `engine`: the decoding engine's per-layer copy of the policy's layers
-  (under LoRA the merged weights, at the base's dtype), and its KV cache of
-  `rollout.max_batch` rows of `train.seq_len` tokens in the compute dtype;
+  (under LoRA the merged weights, at the base's dtype; with `rollout.dtype`, a
+  copy of every weight in that dtype), and its KV cache of `rollout.max_batch`
+  rows of `train.seq_len` tokens in the compute dtype (or `rollout.dtype`);
 - `reference`: a frozen copy of the starting weights, when the KL needs one
   and there are no LoRA adapters to switch off;
 - `attribute_model`: the scorer's weights (`config.scorer.model`) when it
@@ -46,10 +47,10 @@ def _abstract(tree: Any, shardings: Any, dtype: Any = None) -> Any:
   return sharding_lib.abstract_arrays(tree, shardings)
 
 
-def _kv_cache(cfg, rt: runtime.Runtime, rows: int, length: int) -> list:
+def _kv_cache(cfg, rt: runtime.Runtime, rows: int, length: int, dtype: Any = None) -> list:
   sharding = engine_steps.cache_sharding(rt.mesh, rt.rules)
   shape = (rows, cfg.num_kv_heads, length, cfg.head_dim)
-  return [jax.ShapeDtypeStruct(shape, cfg.compute_dtype, sharding=sharding)
+  return [jax.ShapeDtypeStruct(shape, dtype or cfg.compute_dtype, sharding=sharding)
           for _ in range(2 * cfg.num_layers)]
 
 
@@ -63,9 +64,15 @@ def resident_arrays(config: ml_collections.ConfigDict, rt: runtime.Runtime, s: R
   # weights); the embedding, final norm and head stay the policy's own arrays.
   weights = (_abstract(parts.base["layers"], parts.base_shardings["layers"]) if lora
              else _abstract(parts.params["layers"], parts.param_shardings["layers"]))
+  dtype = s.rollout_dtype or None
+  if dtype and (cfg.dtype, cfg.param_dtype) != (dtype, dtype):
+    # rollout.dtype: the engine holds its own cast copy of every weight.
+    # (Under LoRA the adapters are merged into the base: the base's shapes are the copy's.)
+    weights = (_abstract(parts.base, parts.base_shardings, dtype) if lora
+               else _abstract(parts.params, parts.param_shardings, dtype))
   rows = config.rollout.max_batch or s.rows
-  out: dict[str, Any] = {"engine": {"weights": weights,
-                                    "kv_cache": _kv_cache(cfg, rt, rows, config.train.seq_len)}}
+  out: dict[str, Any] = {"engine": {"weights": weights, "kv_cache": _kv_cache(
+      cfg, rt, rows, config.train.seq_len, dtype)}}
   if s.uses_reference and not lora:
     out["reference"] = _abstract(parts.params, parts.param_shardings)
   if scorer_on_mesh(config.scorer.source):
