@@ -14,6 +14,15 @@ from helpsteer_jax.train import checkpoint as ckpt_lib
 from conftest import REPO_ROOT
 
 
+def _params(workdir, step=2):
+  """The policy's params in a run's checkpoint of iteration `step`."""
+  ckpt = ckpt_lib.Checkpointer(workdir / "checkpoints", 1, 2, async_save=False)
+  state = ckpt.manager.restore(step, args=ckpt_lib.ocp.args.Composite(
+      state=ckpt_lib.ocp.args.StandardRestore()))["state"]
+  ckpt.close()
+  return state["params"]
+
+
 def test_a_resumed_run_repeats_the_uninterrupted_one(tmp_path):
   """Stopped after iteration 1 and resumed, iteration 2 is the uninterrupted run's: the
   same prompts, completions, reward moments and (PPO) critic."""
@@ -28,14 +37,7 @@ def test_a_resumed_run_repeats_the_uninterrupted_one(tmp_path):
               "value"):
     assert straight[2][key] == resumed[2][key], key
 
-  def params(workdir):
-    ckpt = ckpt_lib.Checkpointer(workdir / "checkpoints", 1, 2, async_save=False)
-    state = ckpt.manager.restore(2, args=ckpt_lib.ocp.args.Composite(
-        state=ckpt_lib.ocp.args.StandardRestore()))["state"]
-    ckpt.close()
-    return state["params"]
-
-  a, b = params(tmp_path / "straight"), params(tmp_path / "resumed")
+  a, b = _params(tmp_path / "straight"), _params(tmp_path / "resumed")
   import jax
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -25,6 +25,7 @@ from helpsteer_jax.inference import generator, steering
 from helpsteer_jax.models import builder
 from helpsteer_jax.rl import critic as critic_lib
 from helpsteer_jax.rl import objective, report, resident, settings
+from helpsteer_jax.rl import teacher as teacher_lib
 from helpsteer_jax.rl.trainer import RLTrainer
 from helpsteer_jax.runs import policy
 from helpsteer_jax.runs import prompts as prompts_lib
@@ -75,6 +76,7 @@ def abstract_train_step(config: ml_collections.ConfigDict,
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   s = settings.read(config)
+  teacher_lib.check(config, s)
   setup = setup_lib.prepare(config, workdir)
   rt, workdir, tokenizer = setup.rt, setup.workdir, setup.tokenizer
   spec = policy.source_spec(config)
@@ -86,6 +88,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   reference = _reference(config, s, parts, rt, fresh_adapters)
   critic = (critic_lib.build(config, rt, s, parts, weights, setup.model_cfg.vocab_size)
             if s.algorithm.needs_critic else None)
+  teacher = (teacher_lib.load(config, rt, setup.model_cfg.vocab_size)
+             if s.algorithm.needs_teacher else None)
   pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
   ro = config.rollout
   make_engine = functools.partial(
@@ -95,7 +99,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   trainer = RLTrainer(
       config, workdir, rt, parts, s, make_engine, scorer, weights, [], [], reference,
       export.hf_exporter(workdir, setup.tokenizer_dir, tokenizer, parts, config, spec,
-                         "RL-trained policy"), critic)
+                         "RL-trained policy"), critic, teacher)
   max_prompt = config.train.seq_len - s.max_new_tokens
   read = functools.partial(prompts_lib.read_prompts, config, attributes, tokenizer, ro.add_bos,
                            max_prompt)

@@ -14,4 +14,5 @@ REGISTRY: MutableMapping[str, type[Algorithm]] = LazyRegistry({
     "grpo": f"{__name__}.grpo:GRPO",
     "ppo": f"{__name__}.ppo:PPO",
     "gspo": f"{__name__}.gspo:GSPO",
+    "distill": f"{__name__}.distill:Distill",
 })
