@@ -190,12 +190,14 @@ def _distill(tmp_path, **overrides):
 
 def test_the_teacher_kl_falls(tmp_path):
   """Four iterations of pure distillation from a two-layer teacher: the student's reverse
-  KL to it per token falls, the loss is that KL, nothing is clipped."""
-  summary = task.run(_distill(tmp_path, **{"train.num_steps": 4}), str(tmp_path / "run"))
+  KL to it per token falls at every iteration (each on fresh samples), the loss is that
+  KL, nothing is clipped."""
+  config = _distill(tmp_path, **{"train.num_steps": 4, "optimizer.lr": 3e-3})
+  summary = task.run(config, str(tmp_path / "run"))
   assert summary["status"] == "finished" and summary["algorithm"] == "distill"
   rows = _train_rows(tmp_path / "run")
   kls = [rows[i]["teacher_kl"] for i in sorted(rows)]
-  assert all(np.isfinite(kls)) and kls[-1] < 0.7 * kls[0], kls
+  assert all(np.isfinite(kls)) and all(np.diff(kls) < 0) and kls[-1] < 0.8 * kls[0], kls
   for r in rows.values():
     assert r["clip_fraction"] == 0.0
     # One optimizer step per iteration: the loss is the step's token-mean KL.
