@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_rl_resume import _params
+from test_rl_resume import assert_resumes
 from test_rl_task import _config, _train_rows
 
 from helpsteer_jax.errors import ConfigError
@@ -207,18 +207,8 @@ def test_the_teacher_kl_falls(tmp_path):
 def test_a_resumed_distillation_repeats_the_uninterrupted_one(tmp_path):
   """With the reward's term mixed in: stopped after iteration 1 and resumed, iteration 2
   and the weights are the uninterrupted run's (the teacher is read again, unchanged)."""
-  config = _distill(tmp_path, **{"train.num_steps": 2, "loss.reward_coef": 0.5})
-  task.run(config, str(tmp_path / "straight"))
-  config.train.num_steps = 1
-  task.run(config, str(tmp_path / "resumed"))
-  config.train.num_steps = 2
-  task.run(config, str(tmp_path / "resumed"))
-  straight, resumed = _train_rows(tmp_path / "straight"), _train_rows(tmp_path / "resumed")
-  for key in ("reward", "teacher_kl", "loss", "response_length", "grad_norm"):
-    assert straight[2][key] == resumed[2][key], key
-  for x, y in zip(jax.tree.leaves(_params(tmp_path / "straight")),
-                  jax.tree.leaves(_params(tmp_path / "resumed"))):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  assert_resumes(_distill(tmp_path, **{"loss.reward_coef": 0.5}), tmp_path,
+                 ("reward", "teacher_kl", "loss", "response_length", "grad_norm"))
 
 
 def test_the_teacher_config_takes_the_teachers_own_shape():
