@@ -21,6 +21,7 @@ from absl import logging
 
 from helpsteer_jax import runtime
 from helpsteer_jax.data.batches import ROLLOUT_BATCH
+from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import generator, steering
 from helpsteer_jax.models import builder
 from helpsteer_jax.rl import critic as critic_lib
@@ -57,6 +58,9 @@ def abstract_train_step(config: ml_collections.ConfigDict,
   engine's weights and KV cache, a reference copy, the attribute model, PPO's critic) as
   arguments it does not read, so that the memory report is the iteration's."""
   s = settings.read(config)
+  if s.algorithm.needs_teacher:
+    raise ConfigError(f"algorithm={s.algorithm.name}: the compile-only step does not model"
+                      " the teacher's forward pass in the loss; run the task itself")
   model_cfg = runtime.model_config(config, weights=False)
   loss = functools.partial(objective.policy_objective, settings=s,
                            chunk_size=config.train.loss_chunk_size)
