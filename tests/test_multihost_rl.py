@@ -1,4 +1,5 @@
-"""RL (GRPO) with two processes trains as one process does.
+"""RL (GRPO, and on-policy distillation mixed with the reward) with two processes trains
+as one process does.
 
 The harness and what every two-process test checks: tests/task_groups.py.
 """
@@ -14,7 +15,7 @@ import task_groups as tg
 pytestmark = pytest.mark.multihost
 
 
-def _rl(task_inputs, workdir) -> tuple[str, ...]:
+def _rl(task_inputs, workdir, *extra: str) -> tuple[str, ...]:
   """GRPO with a host-side scorer (split over the processes) and two updates per
   iteration."""
   return ("--config=configs/rl.py", *tg.MODEL, *tg.MESH, "--config.init.source=",
@@ -25,7 +26,14 @@ def _rl(task_inputs, workdir) -> tuple[str, ...]:
           "--config.rollout.max_new_tokens=12", "--config.train.num_steps=2",
           "--config.train.global_batch=8", "--config.train.micro_batch=8",
           "--config.train.seq_len=128", "--config.train.loss_chunk_size=64",
-          "--config.train.export_hf=false", "--config.optimizer.lr=1e-2", f"--workdir={workdir}")
+          "--config.train.export_hf=false", "--config.optimizer.lr=1e-2", f"--workdir={workdir}",
+          *extra)
+
+
+def _distill(task_inputs) -> tuple[str, ...]:
+  """Distillation from the random HF backbone (MODEL's shape), the reward's term mixed in."""
+  return ("--config.algorithm=distill", f"--config.teacher.source={task_inputs['backbone']}",
+          "--config.loss.reward_coef=0.5")
 
 
 RL_EXACT = ("step", "reward", "reward_normalized", "reward_std", "score", "response_length",
@@ -34,13 +42,15 @@ RL_TIMINGS = ("time", "rollout_tokens_per_s", "update_tokens_per_s", "rollout_s"
               "update_s", "iteration_s")
 
 
-def test_rl_two_processes_train_as_one(task_inputs, tmp_path):
+@pytest.mark.parametrize("distill", [False, True], ids=["grpo", "distill"])
+def test_rl_two_processes_train_as_one(task_inputs, tmp_path, distill):
   """Rollouts, rewards, advantages and updates with two processes equal one process's:
   the same samples and rewards (the eval samples byte for byte), and losses and weights
   equal up to the order of the gradient all-reduce across processes (as the SFT loop's,
   tests/test_multihost.py)."""
-  tg.single(*_rl(task_inputs, tmp_path / "single"))
-  run, _ = tg.run_two(tmp_path, *_rl(task_inputs, tmp_path / "w"))
+  extra = _distill(task_inputs) if distill else ()
+  tg.single(*_rl(task_inputs, tmp_path / "single", *extra))
+  run, _ = tg.run_two(tmp_path, *_rl(task_inputs, tmp_path / "w", *extra))
   tg.assert_same(tmp_path / "single", tmp_path / "w", "samples/iteration_000000.jsonl",
                  "samples/iteration_000002.jsonl")
 
@@ -50,6 +60,7 @@ def test_rl_two_processes_train_as_one(task_inputs, tmp_path):
 
   one, two = metrics(tmp_path / "single"), metrics(tmp_path / "w")
   assert [sorted(r) for r in one] == [sorted(r) for r in two] and len(one) == 4
+  assert ("teacher_kl" in one[1]) == distill
   for a, b in zip(one, two):
     for key in a:
       if key in RL_EXACT or key.startswith("eval_"):

@@ -51,7 +51,7 @@ class _View:
 
 
 def test_the_registry_is_the_one_list():
-  assert list(algorithms.REGISTRY) == ["rloo", "grpo", "ppo", "gspo", "dapo"]
+  assert list(algorithms.REGISTRY) == ["rloo", "grpo", "ppo", "gspo", "dapo", "distill"]
   with pytest.raises(ConfigError, match="choose one of rloo, grpo, ppo"):
     settings.read(_config(algorithm="a2c"))
   # The docs' table has one row per registered algorithm, in order.

@@ -14,31 +14,39 @@ from helpsteer_jax.train import checkpoint as ckpt_lib
 from conftest import REPO_ROOT
 
 
-def test_a_resumed_run_repeats_the_uninterrupted_one(tmp_path):
-  """Stopped after iteration 1 and resumed, iteration 2 is the uninterrupted run's: the
-  same prompts, completions, reward moments and (PPO) critic."""
-  config = _config(algorithm="ppo", **{"train.num_steps": 2, "prompts.eval_limit": 2})
+def _params(workdir, step=2):
+  """The policy's params in a run's checkpoint of iteration `step`."""
+  ckpt = ckpt_lib.Checkpointer(workdir / "checkpoints", 1, 2, async_save=False)
+  state = ckpt.manager.restore(step, args=ckpt_lib.ocp.args.Composite(
+      state=ckpt_lib.ocp.args.StandardRestore()))["state"]
+  ckpt.close()
+  return state["params"]
+
+
+def assert_resumes(config, tmp_path, keys) -> None:
+  """`config`'s run of 2 iterations, stopped after 1 and resumed: iteration 2's `keys`
+  and the final weights equal the uninterrupted run's."""
+  config.train.num_steps = 2
   task.run(config, str(tmp_path / "straight"))
   config.train.num_steps = 1
   task.run(config, str(tmp_path / "resumed"))
   config.train.num_steps = 2
   task.run(config, str(tmp_path / "resumed"))
   straight, resumed = _train_rows(tmp_path / "straight"), _train_rows(tmp_path / "resumed")
-  for key in ("reward", "reward_normalized", "kl", "loss", "response_length", "value_loss",
-              "value"):
+  for key in keys:
     assert straight[2][key] == resumed[2][key], key
-
-  def params(workdir):
-    ckpt = ckpt_lib.Checkpointer(workdir / "checkpoints", 1, 2, async_save=False)
-    state = ckpt.manager.restore(2, args=ckpt_lib.ocp.args.Composite(
-        state=ckpt_lib.ocp.args.StandardRestore()))["state"]
-    ckpt.close()
-    return state["params"]
-
-  a, b = params(tmp_path / "straight"), params(tmp_path / "resumed")
   import jax
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+  for x, y in zip(jax.tree.leaves(_params(tmp_path / "straight")),
+                  jax.tree.leaves(_params(tmp_path / "resumed"))):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_a_resumed_run_repeats_the_uninterrupted_one(tmp_path):
+  """Stopped after iteration 1 and resumed, iteration 2 is the uninterrupted run's: the
+  same prompts, completions, reward moments and (PPO) critic."""
+  assert_resumes(_config(algorithm="ppo", **{"prompts.eval_limit": 2}), tmp_path,
+                 ("reward", "reward_normalized", "kl", "loss", "response_length",
+                  "value_loss", "value"))
 
 
 def test_sigterm_mid_run_saves_and_the_rerun_repeats_the_uninterrupted_run(tmp_path):

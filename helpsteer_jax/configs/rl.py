@@ -1,4 +1,5 @@
-"""Online RL with the attribute model as the reward: RLOO, GRPO, GSPO (and PPO).
+"""Online RL with the attribute model as the reward: RLOO, GRPO, GSPO (and PPO);
+on-policy distillation of a teacher (`distill`).
 
   # the default AC-SFT run's policy, the demo prompts, the demo data's rules as the reward
   helpsteer-jax --config=configs/acsft.py && helpsteer-jax --config=configs/rl.py
@@ -10,6 +11,9 @@
       --config.init.source=/models/Llama-3-70B-SteerLM-HF \
       --config.prompts.train_path=/data/helpsteer2/train.jsonl.gz \
       --config.scorer.source=/runs/attribute_model_70b --config.model.lora.rank=16
+  # on-policy distillation: the teacher's per-token reverse KL on the policy's samples
+  helpsteer-jax --config=configs/rl.py --config.algorithm=distill \
+      --config.teacher.source=workdir/acsft
 
 Each iteration samples `rollout.samples_per_prompt` completions for each of
 `rollout.prompts_per_iteration` prompts with the current policy, scores them
@@ -105,6 +109,7 @@ def _loss():
       # The reference's log-probs for the `kl` metric when the algorithm has no KL term
       # (gspo, dapo: beta 0): a frozen copy of the policy (free with fresh LoRA adapters)
       track_kl=False,
+      reward_coef=0.0,     # distill: the GRPO term on the reward's advantages (0: pure KD)
       epochs=1,            # passes over a rollout batch (> 1: ratios move off 1, clipping)
       # Recompute the sampling policy's log-probs on the training path even with one
       # optimizer step per rollout batch (always done with several, or top-p/top-k).
@@ -121,6 +126,15 @@ def _reward():
       stats_path="",        # normalize=fixed: a JSON {"mean":, "std":} (e.g. the RM's train set)
       steer_coef=0.0,       # lambda: minus lambda * |predicted - requested| (steerable attrs)
       steer_attributes="complexity,verbosity"))
+
+
+def _teacher():
+  """distill's teacher: an HF directory or a training run with the policy's vocabulary;
+  its shape is its own (`model.*` fill what a run's parameter shapes leave open)."""
+  own = ml_collections.ConfigDict({"name": placeholder(str)})
+  for name, kind in config_base.SHAPE_FIELDS.items():
+    own[name] = placeholder(kind)
+  return ml_collections.ConfigDict(dict(source="", step=-1, model=own))
 
 
 def _demo(config):
@@ -156,6 +170,7 @@ def get_config(preset: str = ""):
   config.rollout = _rollout()
   config.loss = _loss()
   config.reward = _reward()
+  config.teacher = _teacher()
   # The attribute model: demo_rules, an attribute_model workdir or its HF export, a serve
   # URL (/v1/rewards) or package.module:function; its predictions weighted by `weights`.
   config.scorer = scorer_section(source="demo_rules")

@@ -54,6 +54,12 @@ def completion_logprobs(model: nnx.Module, batch: dict[str, jax.Array],
   (the distribution the rollouts were drawn from, before top-p; fp32; padding positions
   hold the log-probability of the pad token, for the mask to drop)."""
   hidden = model(batch["inputs"], batch["positions"], batch["segment_ids"])
+  return hidden_logprobs(model, hidden, batch, chunk_size, temperature)
+
+
+def hidden_logprobs(model: nnx.Module, hidden: jax.Array, batch: dict[str, jax.Array],
+                    chunk_size: int = 256, temperature: float = 1.0) -> jax.Array:
+  """`completion_logprobs` from `model`'s final hidden states [B, L, D] of the batch."""
   softcap = model.cfg.final_logit_softcap
   if temperature != 1.0:
     if softcap is not None:

@@ -120,10 +120,10 @@ def read(config: ml_collections.ConfigDict) -> RLSettings:
   if rollout_dtype not in ("", *ROLLOUT_DTYPES):
     problems.append(f"rollout.dtype={rollout_dtype!r}: choose one of {', '.join(ROLLOUT_DTYPES)}"
                     " (or '' for the policy's model.dtype)")
-  if kind is not None and k < kind.min_samples:
+  if algorithm is not None and k < algorithm.min_samples:
     problems.append(f"rollout.samples_per_prompt={k}: {kind.name} compares each completion"
                     f" with the other samples of its prompt, so it needs at least"
-                    f" {kind.min_samples}")
+                    f" {algorithm.min_samples}")
   if k < 1 or p < 1:
     problems.append("rollout.prompts_per_iteration and rollout.samples_per_prompt must be >= 1")
   rows = max(k, 1) * max(p, 1)

@@ -86,6 +86,8 @@ class RLTrainer:
   `make_engine(model)` builds the decoding engine on the (restored) policy.
   `critic`: PPO's value model (`rl.critic`), trained beside the policy with
   its own optimizer state, checkpointed as the item `critic`.
+  `teacher`: distillation's frozen teacher (`rl.teacher.Teacher`), whose objective
+  replaces the policy objective, its params an argument of the train step.
   """
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
@@ -93,7 +95,7 @@ class RLTrainer:
                make_engine: Callable[[Any], Engine], scorer: Scorer, weights: np.ndarray,
                train_prompts: Sequence[Prompt], eval_prompts: Sequence[Prompt],
                reference: Any = None, export_fn: Callable | None = None,
-               critic: state_lib.ModelParts | None = None):
+               critic: state_lib.ModelParts | None = None, teacher: Any = None):
     self.config, self.rt, self.parts, self.s = config, rt, parts, settings
     self.scorer, self.weights = scorer, weights
     self.train_prompts, self.eval_prompts = list(train_prompts), list(eval_prompts)
@@ -123,7 +125,7 @@ class RLTrainer:
       logging.info("resuming at iteration %d", self.iteration)
     self.batch_sharding = loop.step_batch_sharding(rt)
     self.rows_sharding = NamedSharding(rt.mesh, sharding_lib.batch_spec(rt.rules))
-    self._compile(reference)
+    self._compile(reference, teacher)
     self.engine = make_engine(self.engine_model())
 
   @property
@@ -132,14 +134,18 @@ class RLTrainer:
 
   # -- compiled functions ------------------------------------------------------
 
-  def _compile(self, reference: Any) -> None:
+  def _compile(self, reference: Any, teacher: Any = None) -> None:
     parts, rules, chunk = self.parts, self.rt.rules, self.tc.loss_chunk_size
     temperature, with_ref = self.s.temperature, self.s.uses_reference and reference is not None
     with_old = self.s.recomputes_old_logp
     loss = functools.partial(objective.policy_objective, settings=self.s, chunk_size=chunk)
+    if teacher is not None:
+      loss = teacher.objective(self.s, chunk)
+    self._train_frozen = () if teacher is None else (teacher.params,)
     step = loop.make_train_step(parts, loss, self.tx, self.schedule, rules, self.accum)
-    self.train_step = loop.jit_train_step(step, self.rt, self.state_shardings,
-                                          self.batch_sharding, (parts.base_shardings,))
+    self.train_step = loop.jit_train_step(
+        step, self.rt, self.state_shardings, self.batch_sharding,
+        (parts.base_shardings, *(() if teacher is None else (teacher.shardings,))))
     frozen = () if reference in (None, "adapters_off") else (reference[0],)
     frozen_shardings = () if not frozen else (reference[1],)
 
@@ -336,7 +342,8 @@ class RLTrainer:
                                                            + rows[k].shape[1:]),
                                       self.batch_sharding) for k in fields}
         with jax.set_mesh(self.rt.mesh):
-          self.state, metrics = self.train_step(self.state, batch, self.parts.base)
+          self.state, metrics = self.train_step(self.state, batch, self.parts.base,
+                                                *self._train_frozen)
         if self.critic is not None:
           critic_pending.append(self.critic.update(batch))
         pending.append(metrics)
@@ -350,6 +357,7 @@ class RLTrainer:
            "clip_fraction": mean["clipped"] / tokens}
     if "kl" in mean:
       out["kl_k3"] = mean["kl"] / tokens
+    out.update({k: mean[k] / tokens for k in s.algorithm.token_metrics})
     if critic_pending:
       fetched = [{k: float(v) for k, v in m.items()} for m in jax.device_get(critic_pending)]
       loop.check_finite(int(jax.device_get(self.critic.state.step)), fetched[-1],

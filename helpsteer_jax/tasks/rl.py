@@ -21,10 +21,12 @@ from absl import logging
 
 from helpsteer_jax import runtime
 from helpsteer_jax.data.batches import ROLLOUT_BATCH
+from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import generator, steering
 from helpsteer_jax.models import builder
 from helpsteer_jax.rl import critic as critic_lib
 from helpsteer_jax.rl import objective, report, resident, settings
+from helpsteer_jax.rl import teacher as teacher_lib
 from helpsteer_jax.rl.trainer import RLTrainer
 from helpsteer_jax.runs import policy
 from helpsteer_jax.runs import prompts as prompts_lib
@@ -56,6 +58,9 @@ def abstract_train_step(config: ml_collections.ConfigDict,
   engine's weights and KV cache, a reference copy, the attribute model, PPO's critic) as
   arguments it does not read, so that the memory report is the iteration's."""
   s = settings.read(config)
+  if s.algorithm.needs_teacher:
+    raise ConfigError(f"algorithm={s.algorithm.name}: the compile-only step does not model"
+                      " the teacher's forward pass in the loss; run the task itself")
   model_cfg = runtime.model_config(config, weights=False)
   loss = functools.partial(objective.policy_objective, settings=s,
                            chunk_size=config.train.loss_chunk_size)
@@ -75,6 +80,7 @@ def abstract_train_step(config: ml_collections.ConfigDict,
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   s = settings.read(config)
+  teacher_lib.check(config, s)
   setup = setup_lib.prepare(config, workdir)
   rt, workdir, tokenizer = setup.rt, setup.workdir, setup.tokenizer
   spec = policy.source_spec(config)
@@ -86,6 +92,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   reference = _reference(config, s, parts, rt, fresh_adapters)
   critic = (critic_lib.build(config, rt, s, parts, weights, setup.model_cfg.vocab_size)
             if s.algorithm.needs_critic else None)
+  teacher = (teacher_lib.load(config, rt, setup.model_cfg.vocab_size)
+             if s.algorithm.needs_teacher else None)
   pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
   ro = config.rollout
   make_engine = functools.partial(
@@ -95,7 +103,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   trainer = RLTrainer(
       config, workdir, rt, parts, s, make_engine, scorer, weights, [], [], reference,
       export.hf_exporter(workdir, setup.tokenizer_dir, tokenizer, parts, config, spec,
-                         "RL-trained policy"), critic)
+                         "RL-trained policy"), critic, teacher)
   max_prompt = config.train.seq_len - s.max_new_tokens
   read = functools.partial(prompts_lib.read_prompts, config, attributes, tokenizer, ro.add_bos,
                            max_prompt)

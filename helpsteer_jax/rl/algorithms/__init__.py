@@ -15,4 +15,5 @@ REGISTRY: MutableMapping[str, type[Algorithm]] = LazyRegistry({
     "ppo": f"{__name__}.ppo:PPO",
     "gspo": f"{__name__}.gspo:GSPO",
     "dapo": f"{__name__}.dapo:DAPO",
+    "distill": f"{__name__}.distill:Distill",
 })

@@ -6,6 +6,7 @@ must provide:
 
 - `min_samples`: completions per prompt it needs (a group baseline needs 2);
 - `needs_critic`: a value model trained beside the policy (`rl.critic`);
+- `needs_teacher`: a frozen teacher whose forward runs in the loss (`rl.teacher`);
 - `needs_old_logprobs`: the sampling policy's log-probs recomputed on the
   training path even with one optimizer step per rollout batch;
 - `default_aggregation`: how its per-token losses become the batch loss (unless
@@ -60,6 +61,8 @@ class Algorithm:
   name: ClassVar[str]
   min_samples: ClassVar[int] = 1
   needs_critic: ClassVar[bool] = False
+  needs_teacher: ClassVar[bool] = False
+  token_metrics: ClassVar[tuple[str, ...]] = ()  # loss sums reported per token
   needs_old_logprobs: ClassVar[bool] = False
   default_aggregation: ClassVar[str] = "token"
   default_clip: ClassVar[tuple[float, float]] = (0.2, 0.2)
