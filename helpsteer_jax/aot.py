@@ -278,8 +278,10 @@ def analyze(config: ml_collections.ConfigDict, topology: Topology, devices: list
     raise ConfigError(f"task {config.task!r} has no compile-only train step"
                       " (abstract_train_step); compile_only supports training tasks")
 
+  step_runtime = getattr(task, "compile_runtime", runtime.setup)  # RL's splits the devices
+
   def make_spec(cfg):
-    return task.abstract_train_step(cfg, runtime.setup(cfg, devices))
+    return task.abstract_train_step(cfg, step_runtime(cfg, devices))
 
   spec = make_spec(config)
   model_cfg = runtime.model_config(config, weights=False)
@@ -296,6 +298,8 @@ def analyze(config: ml_collections.ConfigDict, topology: Topology, devices: list
       analytic_flops_per_step=spec.analytic_flops_per_step, memory=mem)
   if spec.resident_bytes:  # included in the arguments above
     report["resident_bytes"] = dict(spec.resident_bytes)
+  if spec.rollout_bytes:  # on the other devices: not in the step's memory
+    report["rollout_bytes"] = dict(spec.rollout_bytes)
   if flops and mem["fits"]:
     cost = unrolled_cost_per_step(config, make_spec, model_cfg.num_layers)
     report["compiled_flops_per_step"] = cost["flops"]
@@ -344,6 +348,11 @@ def format_report(r: dict[str, Any]) -> str:
   if r.get("resident_bytes"):
     lines.append("    of the arguments, resident beside the step: " + ", ".join(
         f"{name} {_gib(n)}" for name, n in r["resident_bytes"].items()))
+  if r.get("rollout_bytes"):
+    side = dict(r["rollout_bytes"])
+    n = side.pop("devices")
+    lines.append(f"  on the {n} rollout devices, each (decode temporaries apart): " + ", ".join(
+        f"{name} {_gib(b)}" for name, b in side.items()) + f"; total {_gib(sum(side.values()))}")
   if "compiled_flops_per_step" in r:
     lines.append(f"  FLOPs per step: {r['compiled_flops_per_step']:.4g} compiled,"
                  f" {r['analytic_flops_per_step']:.4g} analytic; at 100% MFU a step takes"

@@ -107,14 +107,18 @@ def make_mesh(shape: Sequence[int], devices: Sequence[Any] | None = None) -> Mes
     grid = mesh_utils.create_hybrid_device_mesh(ici, (slices, 1, 1), devices=devices,
                                                 allow_split_physical_axes=True)
     return Mesh(grid, MESH_AXES, axis_types=axis_types)
+  from jax.experimental import mesh_utils
   try:
     return jax.make_mesh(resolved, MESH_AXES, axis_types=axis_types, devices=devices)
   except NotImplementedError:
     # No whole physical axes multiply to an axis size (fsdp=64 on v5p-256's
     # 4x4x8 torus, fsdp=128 on a 16x16 v5e-256): split a physical axis.
-    from jax.experimental import mesh_utils
     grid = mesh_utils.create_device_mesh(resolved, devices, allow_split_physical_axes=True)
-    return Mesh(grid, MESH_AXES, axis_types=axis_types)
+  except AssertionError:
+    # Part of a slice (RL's training or rollout devices, rl/off_policy.py): JAX's
+    # topology-aware layout needs the whole torus, so the devices go in their order.
+    grid = np.asarray(devices, dtype=object).reshape(resolved)
+  return Mesh(grid, MESH_AXES, axis_types=axis_types)
 
 
 def logical_to_spec(logical_axes: Sequence[str | None], rules: Rules) -> PartitionSpec:

@@ -7,6 +7,8 @@ one TPU compile (v5e:2x2) covers the on-the-fly reference, whose
 step takes the frozen parameters as an extra argument.
 """
 
+import math
+
 import jax
 import pytest
 
@@ -140,6 +142,36 @@ def test_rl_step_counts_the_iteration_s_arrays(overrides, held):
   assert got == own + resident.per_device_bytes(arrays), (got, own)
   assert sum(spec.resident_bytes.values()) == resident.per_device_bytes(arrays)
   assert set(spec.resident_bytes) == {"engine_weights", "kv_cache"} | held - {"engine"}
+
+
+def test_off_policy_rl_step_runs_on_the_training_devices_and_counts_the_rollout_side():
+  """`rollout.max_staleness=1`: the step compiles on the training half of the devices
+  (`config.mesh`) with the reference beside it; the engine and the policy's copy are on
+  the rollout half (`rollout.mesh`), reported apart with their sharding there."""
+  from helpsteer_jax.rl import resident
+  config = tiny("rl", **{"rollout.max_new_tokens": 16, "mesh.fsdp": 2, "mesh.tensor": 2,
+                         "mesh.data": 1, "rollout.max_staleness": 1, "rollout.mesh.data": 1,
+                         "rollout.mesh.tensor": 2, "rollout.mesh.fsdp": 2,
+                         "algorithm": "grpo"})
+  spec = rl.abstract_train_step(config, rl.compile_runtime(config, jax.devices()))
+  assert spec.rt.mesh.size == 4 and set(spec.args[-1]) == {"reference"}
+  assert {d.id for d in spec.rt.mesh.devices.flat} == {0, 1, 2, 3}
+  compiled = spec.lower().compile()
+  assert compiled.memory_analysis().argument_size_in_bytes == (
+      resident.per_device_bytes(spec.args[:-1]) + resident.per_device_bytes(spec.args[-1]))
+  side = dict(spec.rollout_bytes)
+  assert side.pop("devices") == 4 and set(side) == {"engine_weights", "kv_cache", "policy_copy"}
+  # The same specs on a mesh of the same shape: the copy's shard is the policy's.
+  assert side["policy_copy"] == resident.per_device_bytes(spec.args[0].params)
+  assert 0 < side["engine_weights"] < side["policy_copy"]  # the layers only
+  from helpsteer_jax.inference import engine_steps
+  rt = spec.rt
+  rollout_mesh = rl.off_policy.rollout_runtime(config, rt, jax.devices()[4:]).mesh
+  cfg = config.model
+  shape = (config.rollout.prompts_per_iteration * config.rollout.samples_per_prompt,
+           cfg.num_kv_heads, config.train.seq_len, cfg.hidden_size // cfg.num_heads)
+  shard = engine_steps.cache_sharding(rollout_mesh, rt.rules).shard_shape(shape)
+  assert side["kv_cache"] == 2 * cfg.num_layers * math.prod(shard) * 4
 
 
 @pytest.mark.version_tier  # libtpu's compiler and its JAX

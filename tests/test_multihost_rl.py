@@ -109,6 +109,28 @@ def test_dapo_rounds_and_the_sampler_correction_are_the_same_on_two_processes(
       np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-6, err_msg=key)
 
 
-def tg_rows(workdir):
+def test_off_policy_rollouts_are_the_same_on_two_processes(task_inputs, tmp_path):
+  """`rollout.max_staleness=1`: each process gives half its devices to rollouts (the
+  training mesh 2 x 2, the rollout mesh 4-way data parallel, both spanning the processes);
+  the rollouts sampled ahead, their rewards and behaviour log-probs, and the updates on
+  them are the same as one process's."""
+  def args(workdir):
+    base = [a for a in _rl(task_inputs, workdir) if not a.startswith("--config.mesh.fsdp")]
+    return (*base, "--config.mesh.fsdp=2", "--config.rollout.max_staleness=1",
+            "--config.train.num_steps=3")
+
+  tg.single(*args(tmp_path / "single"))
+  tg.run_two(tmp_path, *args(tmp_path / "w"))
+  tg.assert_same(tmp_path / "single", tmp_path / "w", "samples/iteration_000003.jsonl")
+  one, two = (tg_rows(tmp_path / name, "staleness") for name in ("single", "w"))
+  assert [r["staleness"] for r in one] == [r["staleness"] for r in two] == [0.0, 1.0, 1.0]
+  for a, b in zip(one, two):
+    for key in ("reward", "response_length", "truncated"):
+      assert a[key] == b[key], key
+    for key in ("loss", "kl", "clip_fraction", "grad_norm"):
+      np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-6, err_msg=key)
+
+
+def tg_rows(workdir, key="dynamic_rounds"):
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-  return [r for r in rows if "dynamic_rounds" in r]
+  return [r for r in rows if key in r]

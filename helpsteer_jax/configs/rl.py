@@ -71,6 +71,13 @@ def _rollout():
       # The engine's compute and weight dtype ("" = the policy's model.dtype), e.g.
       # bfloat16 rollouts of an fp32 update (see loss.sampler_correction)
       dtype="",
+      # 1: one-step-off-policy, each iteration's rollouts sampled on their own devices
+      # during the previous iteration's update (weights synced after each update; the
+      # loss's ratio against the sampling weights' log-probs); 0: on-policy
+      max_staleness=0,
+      devices=0,              # max_staleness=1: devices given to rollouts (0 = half)
+      # The rollout devices' mesh (max_staleness=1); the training mesh is config.mesh
+      mesh=config_base.mesh_config(data=-1, fsdp=1, tensor=1),
       add_bos=True,
       stop_strings=tuple(DEFAULT_STOP_STRINGS)))
 

@@ -57,5 +57,11 @@ def sample_and_score(engine: Engine, prompts: Sequence[Sequence[int]],
   if on_sampled is not None:
     on_sampled(outputs)
   responses = [steering.response_text(o.text, o.finish_reason) for o in outputs]
-  convs = [requests[b // n].answered(r) for b, r in enumerate(responses)]
-  return Scored(outputs, responses, predict(convs, scorer))
+  return Scored(outputs, responses, score(responses, requests, n, scorer))
+
+
+def score(responses: Sequence[str], requests: Sequence[steering.Request], n: int,
+          scorer: Scorer) -> np.ndarray:
+  """[P * n, 9] predictions of `responses` (prompt-major), each the answer to its prompt's
+  request."""
+  return predict([requests[b // n].answered(r) for b, r in enumerate(responses)], scorer)

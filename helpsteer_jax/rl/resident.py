@@ -13,6 +13,10 @@ counts them with the shardings the run gives them:
 - `attribute_model`: the scorer's weights (`config.scorer.model`) when it
   runs on the mesh (not the demo rules, a URL or a factory);
 - `critic`: PPO's value model's train state (its own Adam moments).
+
+With `rollout.max_staleness=1` the engine is on the rollout devices instead, beside
+the copy of the policy's weights the behaviour log-probs read (`rollout_arrays`): those
+are not arguments of the update step, their per-device bytes reported apart.
 """
 
 from __future__ import annotations
@@ -54,26 +58,47 @@ def _kv_cache(cfg, rt: runtime.Runtime, rows: int, length: int, dtype: Any = Non
           for _ in range(2 * cfg.num_layers)]
 
 
+def _on(shardings: Any, mesh: jax.sharding.Mesh | None) -> Any:
+  """`shardings` with their specs on `mesh` (None: as they are)."""
+  return shardings if mesh is None else jax.tree.map(
+      lambda x: jax.sharding.NamedSharding(mesh, x.spec), shardings)
+
+
+def _engine(config: ml_collections.ConfigDict, rt: runtime.Runtime, s: RLSettings,
+            parts: state_lib.ModelParts, mesh: jax.sharding.Mesh | None = None) -> dict:
+  cfg = runtime.model_config(config, weights=False)
+  lora = bool(parts.base)
+  # The engine slices the stacked layers into per-layer arrays (under LoRA, of the merged
+  # weights); the embedding, final norm and head stay the policy's own arrays.
+  weights = (_abstract(parts.base["layers"], _on(parts.base_shardings["layers"], mesh)) if lora
+             else _abstract(parts.params["layers"], _on(parts.param_shardings["layers"], mesh)))
+  dtype = s.rollout_dtype or None
+  if dtype and (cfg.dtype, cfg.param_dtype) != (dtype, dtype):
+    # rollout.dtype: the engine holds its own cast copy of every weight.
+    # (Under LoRA the adapters are merged into the base: the base's shapes are the copy's.)
+    weights = (_abstract(parts.base, _on(parts.base_shardings, mesh), dtype) if lora
+               else _abstract(parts.params, _on(parts.param_shardings, mesh), dtype))
+  rows = config.rollout.max_batch or s.rows
+  return {"weights": weights, "kv_cache": _kv_cache(cfg, rt, rows, config.train.seq_len, dtype)}
+
+
+def rollout_arrays(config: ml_collections.ConfigDict, rollout_rt: runtime.Runtime,
+                   s: RLSettings, parts: state_lib.ModelParts) -> dict[str, Any]:
+  """`max_staleness=1`: what the rollout devices hold: the engine, and the policy's
+  weights in its own dtype (adapters merged) for the behaviour log-probs."""
+  mesh = rollout_rt.mesh
+  copy = (_abstract(parts.base, _on(parts.base_shardings, mesh)) if parts.base
+          else _abstract(parts.params, _on(parts.param_shardings, mesh)))
+  return {"engine": _engine(config, rollout_rt, s, parts, mesh), "policy_copy": copy}
+
+
 def resident_arrays(config: ml_collections.ConfigDict, rt: runtime.Runtime, s: RLSettings,
                     parts: state_lib.ModelParts, tx) -> dict[str, Any]:
   """Abstract arrays (shapes, dtypes, shardings) by what holds them; `parts` is the
   policy's abstract split (LoRA: `parts.base` at the base's dtype)."""
   cfg = runtime.model_config(config, weights=False)
-  lora = bool(parts.base)
-  # The engine slices the stacked layers into per-layer arrays (under LoRA, of the merged
-  # weights); the embedding, final norm and head stay the policy's own arrays.
-  weights = (_abstract(parts.base["layers"], parts.base_shardings["layers"]) if lora
-             else _abstract(parts.params["layers"], parts.param_shardings["layers"]))
-  dtype = s.rollout_dtype or None
-  if dtype and (cfg.dtype, cfg.param_dtype) != (dtype, dtype):
-    # rollout.dtype: the engine holds its own cast copy of every weight.
-    # (Under LoRA the adapters are merged into the base: the base's shapes are the copy's.)
-    weights = (_abstract(parts.base, parts.base_shardings, dtype) if lora
-               else _abstract(parts.params, parts.param_shardings, dtype))
-  rows = config.rollout.max_batch or s.rows
-  out: dict[str, Any] = {"engine": {"weights": weights, "kv_cache": _kv_cache(
-      cfg, rt, rows, config.train.seq_len, dtype)}}
-  if s.uses_reference and not lora:
+  out: dict[str, Any] = {} if s.max_staleness else {"engine": _engine(config, rt, s, parts)}
+  if s.uses_reference and not parts.base:
     out["reference"] = _abstract(parts.params, parts.param_shardings)
   if scorer_on_mesh(config.scorer.source):
     scorer_cfg = runtime.build_model_config(config.scorer.model)
@@ -105,7 +130,8 @@ def per_device_bytes(tree: Any) -> int:
 def breakdown(held: dict[str, Any]) -> dict[str, int]:
   """Per-device bytes of `resident_arrays`' output by holder (the engine's weights and KV
   cache apart)."""
-  out = {"engine_weights": per_device_bytes(held["engine"]["weights"]),
-         "kv_cache": per_device_bytes(held["engine"]["kv_cache"])}
+  out = {} if "engine" not in held else {
+      "engine_weights": per_device_bytes(held["engine"]["weights"]),
+      "kv_cache": per_device_bytes(held["engine"]["kv_cache"])}
   out.update({name: per_device_bytes(tree) for name, tree in held.items() if name != "engine"})
   return out

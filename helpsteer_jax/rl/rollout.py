@@ -93,6 +93,14 @@ def sample(engine: Engine, prompts: Sequence[Sequence[int]], k: int, max_new_tok
   return arrays(prompts, k, outputs, max_new_tokens, pad_id)
 
 
+def score(r: Rollouts, prompts: Sequence[Prompt], scorer: Scorer) -> np.ndarray:
+  """The scorer's [P * K, 9] predictions of rollouts `r` of `prompts` (drawn apart from
+  their scoring: `rl.off_policy`), as `sample_and_score` scores them."""
+  responses = [steering.response_text(t, "stop" if f else "length")
+               for t, f in zip(r.texts, r.finished)]
+  return sample_score.score(responses, [p.request for p in prompts], r.k, scorer)
+
+
 def sample_and_score(engine: Engine, prompts: Sequence[Prompt], k: int, max_new_tokens: int,
                      scorer: Scorer, *, temperature: float = 1.0, top_p: float = 1.0,
                      top_k: int = 0, seed: int = 0, step: int = 0, pad_id: int = 0,

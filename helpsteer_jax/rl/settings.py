@@ -46,6 +46,7 @@ class RLSettings:
   sampler_correction_cap: float = 3.0
   rollout_dtype: str = ""           # the engine's dtype ("" = the policy's)
   track_kl: bool = False            # the reference's log-probs for the KL metric alone
+  max_staleness: int = 0            # 1: rollouts sampled one update ahead (`rl.off_policy`)
 
   @property
   def rows(self) -> int:
@@ -77,9 +78,11 @@ class RLSettings:
     exactly 1, and the KL and entropy read the sampler's log-probs, which are the
     policy's at the sampling temperature when nothing truncates the distribution
     (top-p 1, top-k 0). TRL's GRPOTrainer skips the same pass in the same case.
+    With rollouts sampled ahead (`max_staleness` 1) the pass runs on the rollout side,
+    with the weights that sampled (`rl.off_policy`).
     """
     return (self.recompute_logprobs or self.algorithm.needs_old_logprobs
-            or bool(self.sampler_correction)
+            or bool(self.sampler_correction) or self.max_staleness > 0
             or self.updates > 1 or self.top_p < 1.0 or self.top_k > 0)
 
 
@@ -120,6 +123,15 @@ def read(config: ml_collections.ConfigDict) -> RLSettings:
   if rollout_dtype not in ("", *ROLLOUT_DTYPES):
     problems.append(f"rollout.dtype={rollout_dtype!r}: choose one of {', '.join(ROLLOUT_DTYPES)}"
                     " (or '' for the policy's model.dtype)")
+  staleness = int(ro.get("max_staleness", 0))
+  if staleness not in (0, 1):
+    problems.append(f"rollout.max_staleness={staleness}: 0 (on-policy) or 1 (each iteration's"
+                    " rollouts sampled during the previous update); deeper pipelines are not"
+                    " offered")
+  if staleness and algorithm is not None and algorithm.dynamic_sampling_rounds:
+    problems.append("rollout.max_staleness=1 with dynamic sampling: the extra rounds depend"
+                    " on the first round's rewards and cannot be sampled ahead; set"
+                    " loss.dynamic_sampling_rounds=0 or rollout.max_staleness=0")
   if algorithm is not None and k < algorithm.min_samples:
     problems.append(f"rollout.samples_per_prompt={k}: {kind.name} compares each completion"
                     f" with the other samples of its prompt, so it needs at least"
@@ -171,4 +183,4 @@ def read(config: ml_collections.ConfigDict) -> RLSettings:
       reward_std=std, steer_coef=float(rc.steer_coef), steer_attributes=steer,
       recompute_logprobs=bool(lc.get("recompute_logprobs", False)),
       sampler_correction=correction, sampler_correction_cap=cap, rollout_dtype=rollout_dtype,
-      track_kl=bool(lc.get("track_kl", False)))
+      track_kl=bool(lc.get("track_kl", False)), max_staleness=staleness)

@@ -22,6 +22,9 @@ An iteration:
    step of `train.loop`, gradient accumulation included);
 5. puts the new weights into the engine (`Engine.load_weights`, no recompile).
 
+With `rollout.max_staleness=1` step 1 takes the rollouts sampled during the last
+update on the rollout devices and starts the next iteration's (`rl.off_policy`).
+
 A checkpoint is written after an iteration (the train state, and the
 running reward moments as the data item); a run killed inside an iteration
 resumes at its start and repeats it exactly.
@@ -50,6 +53,7 @@ from helpsteer_jax.losses import sampler_correction
 from helpsteer_jax.models import builder
 from helpsteer_jax.rl import critic as critic_lib
 from helpsteer_jax.rl import dynamic_sampling, evaluation, objective, rewards, rollout
+from helpsteer_jax.rl import off_policy as off_policy_lib
 from helpsteer_jax.rl.rollout import Prompt
 from helpsteer_jax.rl.settings import RLSettings
 from helpsteer_jax.scoring import rewards as scoring_rewards
@@ -62,16 +66,22 @@ from helpsteer_jax.train.run_loop import RunResult
 
 class HostState:
   """What the loop keeps on the host between iterations, checkpointed as the data item:
-  the running reward moments."""
+  the running reward moments, and the rollouts sampled ahead (`rl.off_policy`)."""
 
   def __init__(self):
     self.moments = rewards.RunningMoments()
+    self.ahead: dict | None = None
 
   def get_state(self) -> bytes:
-    return json.dumps(dataclasses.asdict(self.moments)).encode()
+    state = dataclasses.asdict(self.moments)
+    if self.ahead is not None:
+      state["ahead"] = self.ahead
+    return json.dumps(state).encode()
 
   def set_state(self, state: bytes) -> None:
-    self.moments = rewards.RunningMoments(**json.loads(state))
+    fields = json.loads(state)
+    self.ahead = fields.pop("ahead", None)
+    self.moments = rewards.RunningMoments(**fields)
 
   def start_prefetch(self) -> None:
     pass
@@ -88,6 +98,8 @@ class RLTrainer:
   its own optimizer state, checkpointed as the item `critic`.
   `teacher`: distillation's frozen teacher (`rl.teacher.Teacher`), whose objective
   replaces the policy objective, its params an argument of the train step.
+  `off_policy`: the rollout side of `rollout.max_staleness=1` (`rl.off_policy`), whose
+  engine replaces `make_engine`'s.
   """
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
@@ -95,7 +107,8 @@ class RLTrainer:
                make_engine: Callable[[Any], Engine], scorer: Scorer, weights: np.ndarray,
                train_prompts: Sequence[Prompt], eval_prompts: Sequence[Prompt],
                reference: Any = None, export_fn: Callable | None = None,
-               critic: state_lib.ModelParts | None = None, teacher: Any = None):
+               critic: state_lib.ModelParts | None = None, teacher: Any = None,
+               off_policy: off_policy_lib.OffPolicyRollouts | None = None):
     self.config, self.rt, self.parts, self.s = config, rt, parts, settings
     self.scorer, self.weights = scorer, weights
     self.train_prompts, self.eval_prompts = list(train_prompts), list(eval_prompts)
@@ -126,7 +139,13 @@ class RLTrainer:
     self.batch_sharding = loop.step_batch_sharding(rt)
     self.rows_sharding = NamedSharding(rt.mesh, sharding_lib.batch_spec(rt.rules))
     self._compile(reference, teacher)
-    self.engine = make_engine(self.engine_model())
+    self.off_policy = off_policy
+    if off_policy is None:
+      self.engine = make_engine(self.engine_model())
+    else:
+      off_policy.load(self.policy_model())
+      off_policy.restore(self.host.ahead)
+      self.engine = off_policy.engine
 
   @property
   def iteration(self) -> int:
@@ -137,7 +156,7 @@ class RLTrainer:
   def _compile(self, reference: Any, teacher: Any = None) -> None:
     parts, rules, chunk = self.parts, self.rt.rules, self.tc.loss_chunk_size
     temperature, with_ref = self.s.temperature, self.s.uses_reference and reference is not None
-    with_old = self.s.recomputes_old_logp
+    with_old = self.s.recomputes_old_logp and not self.s.max_staleness
     loss = functools.partial(objective.policy_objective, settings=self.s, chunk_size=chunk)
     if teacher is not None:
       loss = teacher.objective(self.s, chunk)
@@ -210,12 +229,15 @@ class RLTrainer:
     return self._logprobs.batches((self.state.params, self.parts.base, *self._frozen),
                                   {k: rows[k] for k in fields})
 
-  def _fetch_logprobs(self, pending: list, r: rollout.Rollouts
+  def _fetch_logprobs(self, pending: list, r: rollout.Rollouts,
+                      behaviour: np.ndarray | None = None
                       ) -> tuple[np.ndarray, np.ndarray, bool]:
     """[R, T] log-probs of the rollout tokens under the sampling policy and the reference
-    (zeros without one), and whether the former were recomputed (else the sampler's)."""
+    (zeros without one), and whether the former were recomputed (else the sampler's;
+    `behaviour`: computed on the rollout side, `rl.off_policy`)."""
     outs = frozen_pass.FrozenPass.fetch(pending) if pending else {}
-    old = outs["old"] if self.s.recomputes_old_logp else r.sampler_logp
+    old = (behaviour if behaviour is not None
+           else outs["old"] if self.s.recomputes_old_logp else r.sampler_logp)
     ref = outs["ref"] if "ref" in outs else np.zeros_like(old)
     return old, ref, self.s.recomputes_old_logp
 
@@ -267,13 +289,19 @@ class RLTrainer:
     s, tc = self.s, self.tc
     t0 = time.perf_counter()
     indices = self.prompt_indices(iteration)
-    if s.algorithm.dynamic_sampling_rounds:
+    ahead = None
+    if self.off_policy is not None:  # sampled during the last update (`rl.off_policy`)
+      # The next iteration's too after the last one: a run continued to more iterations
+      # trains as an uninterrupted one.
+      ahead = self.off_policy.advance(iteration, [self.train_prompts[i].ids for i in indices],
+                                      [self.train_prompts[i].ids
+                                       for i in self.prompt_indices(iteration + 1)])
+      r, t_rollout, extra = ahead.rollouts, ahead.seconds, ahead.metrics(iteration)
+      t0 = time.perf_counter() - t_rollout
+    elif s.algorithm.dynamic_sampling_rounds:
       batch, extra, t_rollout = self._dynamic_rollouts(iteration, indices)
       r, preds, reward, scores, indices = (batch.rollouts, batch.preds, batch.rewards,
                                            batch.scores, batch.prompts)
-      rows = objective.pack(r, tc.seq_len, self.engine.pad_id)
-      pending = self._dispatch_logprobs(rows)
-      requested = self._requested([self.train_prompts[i] for i in indices], s.k)
     else:
       def sampled(r: rollout.Rollouts) -> tuple[float, dict[str, np.ndarray], list]:
         rows = objective.pack(r, tc.seq_len, self.engine.pad_id)
@@ -281,12 +309,19 @@ class RLTrainer:
 
       r, preds, (t_rollout, rows, pending) = self._sample(iteration, indices,
                                                           on_sampled=sampled)
-      requested = self._requested([self.train_prompts[i] for i in indices], s.k)
-      reward, scores = self._scores(preds, requested, r)
       extra = {}
+    if ahead is not None or s.algorithm.dynamic_sampling_rounds:
+      rows = objective.pack(r, tc.seq_len, self.engine.pad_id)
+      pending = self._dispatch_logprobs(rows)
+    if ahead is not None:
+      preds = rollout.score(r, [self.train_prompts[i] for i in indices], self.scorer)
+    requested = self._requested([self.train_prompts[i] for i in indices], s.k)
+    if not s.algorithm.dynamic_sampling_rounds:
+      reward, scores = self._scores(preds, requested, r)
     raw = scoring_rewards.rewards(preds, self.weights)
     t_score = time.perf_counter() - t0 - t_rollout
-    old_logp, ref_logp, recomputed = self._fetch_logprobs(pending, r)
+    old_logp, ref_logp, recomputed = self._fetch_logprobs(
+        pending, r, None if ahead is None else ahead.behaviour_logp)
     mask = r.mask
     # DAPO's overlong filtering: a completion cut at the limit is no evidence either way.
     loss_mask = mask * r.finished[:, None] if s.algorithm.filter_truncated else mask
@@ -302,7 +337,12 @@ class RLTrainer:
     t_update0 = time.perf_counter()
     sums = self._updates(iteration, rows)
     t_update = time.perf_counter() - t_update0
-    self.engine.load_weights(self.engine_model())
+    if self.off_policy is not None:
+      extra["rollout_wait_s"] = self.off_policy.finish()
+      self.host.ahead = self.off_policy.state()
+      self.off_policy.load(self.policy_model())
+    else:
+      self.engine.load_weights(self.engine_model())
 
     tokens = float(mask.sum())
     row_tokens = float(np.sum(rows["segment_ids"] > 0))
@@ -410,3 +450,5 @@ class RLTrainer:
 
   def close(self) -> None:
     self.checkpointer.close()
+    if self.off_policy is not None:
+      self.off_policy.close()

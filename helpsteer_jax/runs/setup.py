@@ -31,11 +31,13 @@ class TaskSetup:
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
-            tokenizer: bool = True, model: bool = True) -> TaskSetup:
-  """Mesh and rules, the workdir checked, the tokenizer loaded and checked against the model;
-  before any of it (and before anything is written), the training counts checked."""
+            tokenizer: bool = True, model: bool = True,
+            devices: list | None = None) -> TaskSetup:
+  """Mesh (over `devices`, default all) and rules, the workdir checked, the tokenizer
+  loaded and checked against the model; before any of it (and before anything is
+  written), the training counts checked."""
   check_train_counts(config)
-  setup = TaskSetup(pathlib.Path(workdir), runtime.setup(config))
+  setup = TaskSetup(pathlib.Path(workdir), runtime.setup(config, devices))
   runtime.check_workdir(setup.workdir)
   if tokenizer:
     setup.tokenizer_dir = runtime.tokenizer_dir(config, setup.workdir)

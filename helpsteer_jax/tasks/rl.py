@@ -20,12 +20,13 @@ import ml_collections
 from absl import logging
 
 from helpsteer_jax import runtime
+from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.data.batches import ROLLOUT_BATCH
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import generator, steering
 from helpsteer_jax.models import builder
 from helpsteer_jax.rl import critic as critic_lib
-from helpsteer_jax.rl import objective, report, resident, settings
+from helpsteer_jax.rl import objective, off_policy, report, resident, rollout, settings
 from helpsteer_jax.rl import teacher as teacher_lib
 from helpsteer_jax.rl.trainer import RLTrainer
 from helpsteer_jax.runs import policy
@@ -50,6 +51,15 @@ def _reference(config, s: settings.RLSettings, parts, rt, fresh_adapters: bool):
   return ref, parts.param_shardings
 
 
+def compile_runtime(config: ml_collections.ConfigDict, devices: list) -> runtime.Runtime:
+  """The runtime `abstract_train_step` gets for `devices`: with `rollout.max_staleness=1`
+  a mesh over all of them, which the step splits (`config.mesh` sizes the training half)."""
+  if settings.read(config).max_staleness:
+    return runtime.Runtime(sharding_lib.make_mesh((1, -1, 1), devices),
+                           runtime.rules_from_config(config))
+  return runtime.setup(config, devices)
+
+
 def abstract_train_step(config: ml_collections.ConfigDict,
                         rt: runtime.Runtime) -> abstract_step.StepSpec:
   """The policy's update step on abstract weights and rollout batches (compile-only runs):
@@ -61,28 +71,49 @@ def abstract_train_step(config: ml_collections.ConfigDict,
   if s.algorithm.needs_teacher:
     raise ConfigError(f"algorithm={s.algorithm.name}: the compile-only step does not model"
                       " the teacher's forward pass in the loss; run the task itself")
+  rollout_rt = None
+  if s.max_staleness:  # the step on the training devices; the rollout side's bytes apart
+    train, rollout_devices = off_policy.split_devices(config.rollout.devices,
+                                                      list(rt.mesh.devices.flat))
+    rt = runtime.setup(config, train)
+    rollout_rt = off_policy.rollout_runtime(config, rt, rollout_devices)
   model_cfg = runtime.model_config(config, weights=False)
   loss = functools.partial(objective.policy_objective, settings=s,
                            chunk_size=config.train.loss_chunk_size)
   fields = ROLLOUT_BATCH.row_fields(length=config.train.seq_len, completion=s.max_new_tokens)
-  held = {}
+  held, rollout_side = {}, {}
 
   def resident_arrays(parts, tx):
     held.update(resident.resident_arrays(config, rt, s, parts, tx))
+    if rollout_rt is not None:
+      rollout_side.update(resident.rollout_arrays(config, rollout_rt, s, parts))
     return held
 
   spec = abstract_step.trainer_step_spec(
       config, rt, lambda: builder.new_model(model_cfg), loss, fields,
       model_cfg.flops_per_token(config.train.seq_len), resident=resident_arrays)
   spec.resident_bytes = resident.breakdown(held)
+  if rollout_rt is not None:
+    spec.rollout_bytes = {"devices": rollout_rt.mesh.size, **resident.breakdown(rollout_side)}
   return spec
+
+
+def _sample(s: settings.RLSettings, seed: int, pad_id: int, engine, prompts: list[list[int]],
+            iteration: int) -> rollout.Rollouts:
+  """An iteration's rollouts of `prompts` (token ids), the seeds as on-policy's."""
+  return rollout.sample(engine, prompts, s.k, s.max_new_tokens, temperature=s.temperature,
+                        top_p=s.top_p, top_k=s.top_k, seed=seed, step=iteration,
+                        pad_id=pad_id)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   s = settings.read(config)
   teacher_lib.check(config, s)
-  setup = setup_lib.prepare(config, workdir)
+  train_devices, rollout_devices = (off_policy.split_devices(config.rollout.devices)
+                                    if s.max_staleness else (None, None))
+  setup = setup_lib.prepare(config, workdir, devices=train_devices)
   rt, workdir, tokenizer = setup.rt, setup.workdir, setup.tokenizer
+  rollout_rt = off_policy.rollout_runtime(config, rt, rollout_devices) if s.max_staleness else rt
   spec = policy.source_spec(config)
   attributes = (steering.run_attributes(config, spec)
                 if spec.attributes or config.steer_attributes else {})
@@ -97,13 +128,19 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
   ro = config.rollout
   make_engine = functools.partial(
-      generator.make_engine, mesh=rt.mesh, tokenizer=tokenizer, rules=rt.rules,
+      generator.make_engine, mesh=rollout_rt.mesh, tokenizer=tokenizer, rules=rt.rules,
       max_batch=ro.max_batch or s.rows, max_length=config.train.seq_len, pad_id=int(pad),
       stop_strings=tuple(ro.stop_strings))
+  ahead = None if not s.max_staleness else off_policy.OffPolicyRollouts(
+      rollout_rt, list(rt.mesh.devices.flat), make_engine,
+      functools.partial(_sample, s, config.seed, int(pad)),
+      dtype=s.rollout_dtype, seq_len=config.train.seq_len,
+      micro_batch=config.train.micro_batch, chunk_size=config.train.loss_chunk_size,
+      temperature=s.temperature, pad_id=int(pad))
   trainer = RLTrainer(
       config, workdir, rt, parts, s, make_engine, scorer, weights, [], [], reference,
       export.hf_exporter(workdir, setup.tokenizer_dir, tokenizer, parts, config, spec,
-                         "RL-trained policy"), critic, teacher)
+                         "RL-trained policy"), critic, teacher, ahead)
   max_prompt = config.train.seq_len - s.max_new_tokens
   read = functools.partial(prompts_lib.read_prompts, config, attributes, tokenizer, ro.add_bos,
                            max_prompt)

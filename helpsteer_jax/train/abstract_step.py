@@ -43,6 +43,8 @@ class StepSpec:
   num_params: int
   # bytes per device of what the run keeps resident beside the step, by holder
   resident_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+  # Per-device bytes on devices apart from the step's (RL's rollout side), by holder
+  rollout_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
 
   def lower(self) -> jax.stages.Lowered:
     with jax.set_mesh(self.rt.mesh):
