@@ -134,3 +134,27 @@ def test_off_policy_rollouts_are_the_same_on_two_processes(task_inputs, tmp_path
 def tg_rows(workdir, key="dynamic_rounds"):
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   return [r for r in rows if key in r]
+
+
+def test_multi_turn_rollouts_are_the_same_on_two_processes(task_inputs, tmp_path):
+  """`rollout.multi_turn`: every process continues the same conversations (the follow-up
+  turns' seeds and rows), scores each answer the same way, and trains as one process."""
+  path = tmp_path / "turns.jsonl"
+  path.write_text("".join(json.dumps({"turns": [f"Name colour {i}.", "Another?", "Why?"]
+                                               [: 1 + i % 3]}) + "\n" for i in range(8)))
+
+  def args(workdir):
+    return _rl(task_inputs, workdir, "--config.rollout.multi_turn=true",
+               "--config.rollout.multi_turn_reward=each", f"--config.prompts.train_path={path}",
+               f"--config.prompts.eval_path={path}")
+
+  tg.single(*args(tmp_path / "single"))
+  tg.run_two(tmp_path, *args(tmp_path / "w"))
+  tg.assert_same(tmp_path / "single", tmp_path / "w", "samples/iteration_000002.jsonl")
+  one, two = (tg_rows(tmp_path / name, "turns") for name in ("single", "w"))
+  assert len(one) == len(two) == 2
+  for a, b in zip(one, two):
+    for key in ("reward", "response_length", "truncated", "turns"):
+      assert a[key] == b[key], key
+    for key in ("loss", "kl", "grad_norm"):
+      np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-6, err_msg=key)

@@ -298,6 +298,43 @@ def test_gae_and_the_clipped_value_loss():
   np.testing.assert_allclose(pg.value_loss(*_f32(values, old, ret, mask), 0.2), want, **TOL)
 
 
+def test_gae_over_multi_turn_rows_steps_from_one_answer_to_the_next():
+  """A multi-turn row's mask has gaps (the user's turns, rl/multiturn.py): TRL's
+  recursion runs over the masked tokens in order, so an answer's last token bootstraps
+  from the next answer's first; the score lands on the row's last masked token."""
+  rng = np.random.default_rng(8)
+  b, t = 4, 12
+  mask = np.zeros((b, t))
+  mask[0, [0, 1, 2, 6, 7]] = 1          # two answers
+  mask[1, [1, 2, 5, 9, 10, 11]] = 1     # three
+  mask[2, :5] = 1                       # one (single-turn)
+  mask[3, [3]] = 1
+  rewards = rng.normal(0, 1, (b, t)) * mask
+  values = rng.normal(0, 1, (b, t))
+  gamma, lam = 0.9, 0.8
+  want_adv, want_ret = np.zeros((b, t)), np.zeros((b, t))
+  for i in range(b):
+    steps = np.flatnonzero(mask[i])
+    last = 0.0
+    for j in reversed(range(len(steps))):
+      next_value = values[i, steps[j + 1]] if j + 1 < len(steps) else 0.0
+      delta = rewards[i, steps[j]] + gamma * next_value - values[i, steps[j]]
+      last = delta + gamma * lam * last
+      want_adv[i, steps[j]] = last
+      want_ret[i, steps[j]] = last + values[i, steps[j]]
+  adv, returns = adv_lib.gae(*_f32(rewards, values, mask), gamma, lam)
+  np.testing.assert_allclose(adv, want_adv, **TOL)
+  np.testing.assert_allclose(returns, want_ret, **TOL)
+
+  scores = rng.normal(0, 1, b)
+  logp, ref = rng.normal(-1, 0.3, (b, t)), rng.normal(-1, 0.3, (b, t))
+  want = -0.05 * (logp - ref) * mask
+  for i in range(b):
+    want[i, np.flatnonzero(mask[i])[-1]] += scores[i]
+  np.testing.assert_allclose(adv_lib.token_rewards(*_f32(scores, logp, ref, mask), 0.05),
+                             want, **TOL)
+
+
 def test_ppo_token_rewards_and_whitened_advantages():
   """TRL PPOTrainer: rewards = -kl_coef * (logprobs - ref_logprobs), the score added at
   the completion's last token; advantages = masked_whiten(advantages, mask) (unbiased

@@ -11,6 +11,9 @@ on-policy distillation of a teacher (`distill`).
       --config.init.source=/models/Llama-3-70B-SteerLM-HF \
       --config.prompts.train_path=/data/helpsteer2/train.jsonl.gz \
       --config.scorer.source=/runs/attribute_model_70b --config.model.lora.rank=16
+  # multi-turn: the policy answers both of MT-Bench's questions, the last answer scored
+  helpsteer-jax --config=configs/rl.py --config.rollout.multi_turn=true \
+      --config.prompts.train_path=data/mt_bench/question.jsonl
   # on-policy distillation: the teacher's per-token reverse KL on the policy's samples
   helpsteer-jax --config=configs/rl.py --config.algorithm=distill \
       --config.teacher.source=workdir/acsft
@@ -51,7 +54,9 @@ PPO_WEIGHTS = {"helpfulness": 0.65, "correctness": 0.8, "coherence": 0.45, "comp
 
 def _prompts():
   return ml_collections.ConfigDict(dict(
-      train_path="",      # .jsonl ({"prompt", "attributes"?}; HelpSteer2 rows), text, "" = demo
+      # .jsonl ({"prompt", "attributes"?}; HelpSteer2 rows; MT-Bench's {"turns": [...]}),
+      # text, "" = demo
+      train_path="",
       eval_path="",       # prompts whose greedy answers are scored; "" = 50 held-out demo ones
       system=DEFAULT_SYSTEM,
       eval_limit=50,      # the first N eval prompts (0 = all)
@@ -78,6 +83,10 @@ def _rollout():
       devices=0,              # max_staleness=1: devices given to rollouts (0 = half)
       # The rollout devices' mesh (max_staleness=1); the training mesh is config.mesh
       mesh=config_base.mesh_config(data=-1, fsdp=1, tensor=1),
+      # The policy answers every user turn of a prompt in order (MT-Bench's "turns",
+      # HelpSteer2's multi-turn contexts without their own answers); each answer at most
+      # max_new_tokens; the reward scores the "final" answer or "each" (their mean)
+      multi_turn=False, multi_turn_reward="final",
       add_bos=True,
       stop_strings=tuple(DEFAULT_STOP_STRINGS)))
 

@@ -140,6 +140,13 @@ def generation_prompt(conv: Conversation, attributes: Mapping[str, int]) -> str:
           f"{_label_part(label_string(attributes))}")
 
 
+def follow_up_text(user: str, attributes: Mapping[str, int]) -> str:
+  """What `generation_prompt` adds after an answer and its END_OF_TURN when `user` speaks
+  next: the user turn, then the assistant's header and label to continue."""
+  return (f"{_turn_text(Turn('User', user))}{TURN_START}Assistant{END_OF_NAME}"
+          f"{_label_part(label_string(attributes))}")
+
+
 def regression_pieces(conv: Conversation) -> list[Piece]:
   """NeMo's regression reward-model input for the last assistant turn, in pieces.
 

@@ -31,7 +31,7 @@ from helpsteer_jax.data.records import ATTRIBUTES, HELPSTEER_ATTRIBUTES, Convers
 from helpsteer_jax.errors import ConfigError, DataError
 
 ATTRIBUTE_SETS = {"all": ATTRIBUTES, "helpsteer": HELPSTEER_ATTRIBUTES}
-_ROW_KEYS = ("prompt", "attributes", "system")
+_ROW_KEYS = ("prompt", "turns", "attributes", "system")
 # An input row's own answer and its labels (a HelpSteer2 row's) describe another response
 # than the one generated for it: not copied to the output, where they would pass for its.
 _ANSWER_KEYS = ("response", *ATTRIBUTES)
@@ -82,13 +82,15 @@ class Request:
   """One prompt to answer: the conversation so far and the attributes to ask for.
 
   `extra` holds the input row's other fields (e.g. an id; not its own response or
-  attribute labels), copied to the output.
+  attribute labels), copied to the output. `follow_ups`: user turns to ask after the
+  answer, in order (MT-Bench's later questions; multi-turn RL answers them, `rl.multiturn`).
   """
 
   prompt: str
   conversation: Conversation
   attributes: dict[str, int]
   extra: dict = dataclasses.field(default_factory=dict)
+  follow_ups: tuple[str, ...] = ()
 
   def prompt_text(self) -> str:
     return template.generation_prompt(self.conversation, self.attributes)
@@ -145,6 +147,20 @@ def _row_attributes(row: Mapping, defaults: Mapping[str, int]) -> dict[str, int]
   return {**defaults, **given}
 
 
+def _row_prompt(row: Mapping) -> tuple[str, tuple[str, ...]]:
+  """A row's prompt and follow-up user turns: `prompt`, or FastChat's MT-Bench `turns`
+  (a list of user turns, the first one the prompt)."""
+  if "prompt" in row:
+    return row["prompt"], ()
+  turns = row.get("turns")
+  if turns is None:
+    raise ValueError("missing field 'prompt' (or 'turns', a list of user turns)")
+  if (not isinstance(turns, list) or not turns
+          or not all(isinstance(t, str) and t.strip() for t in turns)):
+    raise ValueError("'turns' must be a non-empty list of non-empty strings")
+  return turns[0], tuple(turns[1:])
+
+
 def _json_requests(lines: Iterator[tuple[int, Any]], where: str, defaults, system):
   for line, row in lines:
     try:
@@ -152,11 +168,11 @@ def _json_requests(lines: Iterator[tuple[int, Any]], where: str, defaults, syste
         raise ValueError(f"unreadable line: {row}")
       if not isinstance(row, Mapping):
         raise ValueError(f"expected a JSON object, got {type(row).__name__}")
-      if "prompt" not in row:
-        raise ValueError("missing field 'prompt'")
+      prompt, follow_ups = _row_prompt(row)
       extra = {k: v for k, v in row.items() if k not in _ROW_KEYS + _ANSWER_KEYS}
-      yield make_request(row["prompt"], _row_attributes(row, defaults),
-                         row.get("system") or system, extra)
+      request = make_request(prompt, _row_attributes(row, defaults),
+                             row.get("system") or system, extra)
+      yield dataclasses.replace(request, follow_ups=follow_ups)
     except ValueError as e:
       raise DataError(where, line, str(e)) from None
 

@@ -26,6 +26,8 @@ with `mask` [B, T] (1 up to and including the stop token).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -102,8 +104,13 @@ def overlong_penalty(lengths: np.ndarray, max_len: int, buffer: int,
 def gae(rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: float,
         lam: float) -> tuple[jax.Array, jax.Array]:
   """Generalised advantage estimates and returns, [B, T] each, from per-token rewards and
-  value predictions; positions past the mask count as terminal (value 0)."""
-  values = values * mask
+  value predictions; positions past the mask count as terminal (value 0). The masked
+  tokens of a row are its steps in order: where the mask has gaps (a multi-turn row's user
+  turns), the last token of one answer bootstraps from the first of the next."""
+  # Stable sort: the masked positions first, in order (the identity for a contiguous mask).
+  order = jnp.argsort(1 - mask, axis=1, stable=True)
+  take = functools.partial(jnp.take_along_axis, indices=order, axis=1)
+  rewards, values, mask = take(rewards), take(values) * take(mask), take(mask)
   next_values = jnp.concatenate([values[:, 1:], jnp.zeros_like(values[:, :1])], axis=1)
   deltas = (rewards + gamma * next_values - values) * mask
 
@@ -114,15 +121,18 @@ def gae(rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: float,
   _, adv = jax.lax.scan(back, jnp.zeros(rewards.shape[:1], rewards.dtype), deltas.T,
                         reverse=True)
   adv = adv.T * mask
-  return adv, (adv + values) * mask
+  rows = jnp.arange(mask.shape[0])[:, None]
+  put = lambda x: jnp.zeros_like(x).at[rows, order].set(x)  # noqa: E731 - back in place
+  return put(adv), put((adv + values) * mask)
 
 
 def token_rewards(scores: jax.Array, logp: jax.Array, ref_logp: jax.Array, mask: jax.Array,
                   kl_coef: float) -> jax.Array:
   """[B, T] PPO rewards (TRL PPOTrainer's): -kl_coef * (log pi - log ref) at every
-  completion token, plus the completion's score at its last token."""
+  completion token, plus the completion's score at its last (masked) token."""
   per_token = -kl_coef * (logp - ref_logp) * mask
-  last = jnp.maximum(mask.sum(axis=-1).astype(jnp.int32) - 1, 0)
+  t = mask.shape[1]
+  last = jnp.where(mask.any(axis=1), t - 1 - jnp.argmax(mask[:, ::-1] > 0, axis=1), 0)
   return per_token + jax.nn.one_hot(last, mask.shape[1], dtype=per_token.dtype) * scores[:, None]
 
 

@@ -69,7 +69,9 @@ def take(rounds: Sequence[Round], picks: Sequence[tuple[int, int]], k: int) -> R
 
   rollouts = Rollouts([rounds[r].rollouts.prompts[g] for r, g in picks], k,
                       stack("tokens"), stack("mask"), stack("sampler_logp"),
-                      stack("finished"), [rounds[r].rollouts.texts[i] for r, i in rows])
+                      stack("finished"), [rounds[r].rollouts.texts[i] for r, i in rows],
+                      None if rounds[0].rollouts.answers is None
+                      else [rounds[r].rollouts.answers[i] for r, i in rows])
   def column(field: str) -> np.ndarray:
     return np.stack([getattr(rounds[r], field)[i] for r, i in rows])
 

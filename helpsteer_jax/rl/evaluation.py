@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -19,13 +19,15 @@ from helpsteer_jax.scoring.scorer import Scorer
 
 def evaluate(engine: Engine, prompts: Sequence[Prompt], scorer: Scorer, weights: np.ndarray,
              steer_attributes: Sequence[str], max_new_tokens: int,
-             workdir: pathlib.Path, iteration: int) -> dict[str, float]:
-  """Greedy answers to `prompts`, scored: mean reward, steering distance, length, share
-  truncated; process 0 writes them to `samples/iteration_<N>.jsonl`."""
+             workdir: pathlib.Path, iteration: int,
+             sample_and_score: Callable = rollout.sample_and_score) -> dict[str, float]:
+  """Greedy answers to `prompts` (`sample_and_score`'s: single- or multi-turn), scored:
+  mean reward, steering distance, length, share truncated; process 0 writes them to
+  `samples/iteration_<N>.jsonl` (multi-turn: with every answer under "answers")."""
   if not prompts:
     return {}
-  r, preds, _ = rollout.sample_and_score(engine, prompts, 1, max_new_tokens, scorer,
-                                         temperature=0.0, pad_id=engine.pad_id)
+  r, preds, _ = sample_and_score(engine, prompts, 1, max_new_tokens, scorer,
+                                 temperature=0.0, pad_id=engine.pad_id)
   raw = scoring_rewards.rewards(preds, weights)
   requested = [p.request.attributes for p in prompts]
   out = {"reward": float(np.mean(raw)), "response_length": float(r.mask.sum(-1).mean()),
@@ -36,8 +38,13 @@ def evaluate(engine: Engine, prompts: Sequence[Prompt], scorer: Scorer, weights:
     path = workdir / "samples" / f"iteration_{iteration:06d}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
-      for p, text, done, pred, rew in zip(prompts, r.texts, r.finished, preds, raw):
-        row = p.request.output_row(steering.response_text(text, "stop" if done else "length"),
-                                   reward=float(rew), scores=[float(x) for x in pred])
+      for i, (p, text, done, pred, rew) in enumerate(zip(prompts, r.texts, r.finished, preds,
+                                                          raw)):
+        turns = {} if r.answers is None else {"follow_ups": list(p.request.follow_ups),
+                                              "answers": r.answers[i]}
+        response = (steering.response_text(text, "stop" if done else "length")
+                    if r.answers is None else r.answers[i][-1])
+        row = p.request.output_row(response, reward=float(rew),
+                                   scores=[float(x) for x in pred], **turns)
         f.write(json.dumps(row) + "\n")
   return out

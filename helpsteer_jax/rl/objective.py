@@ -28,20 +28,22 @@ from helpsteer_jax.rl.settings import RLSettings
 def pack(rollouts: Rollouts, length: int, pad_id: int = 0) -> dict[str, np.ndarray]:
   """The model's inputs for `rollouts`: inputs, targets, positions, segment_ids [B, L]
   and `at` [B, T], the row position whose next-token prediction is each completion
-  token (`mask` zero where there is none)."""
+  token (`mask` zero where there is none). A row ends at its last masked token (a
+  multi-turn row's mask has gaps: the user's turns)."""
   b, t = rollouts.tokens.shape
   inputs = np.full((b, length), pad_id, np.int32)
   segment_ids = np.zeros((b, length), np.int32)
   at = np.zeros((b, t), np.int32)
   for i in range(b):
     prompt = rollouts.prompts[i // rollouts.k]
-    n = int(rollouts.mask[i].sum())
+    used = np.flatnonzero(rollouts.mask[i])
+    n = int(used[-1]) + 1 if len(used) else 0  # through the last policy token
     row = list(prompt) + rollouts.tokens[i, :n].tolist()
-    if len(prompt) + t > length:
-      raise ValueError(f"rollout {i}: a {len(prompt)}-token prompt and {t} new tokens do not"
+    if len(row) > length:
+      raise ValueError(f"rollout {i}: a {len(prompt)}-token prompt and {n} new tokens do not"
                        f" fit rows of {length}")
     inputs[i, :len(row)], segment_ids[i, :len(row)] = row, 1
-    at[i] = len(prompt) - 1 + np.arange(t)
+    at[i] = np.minimum(len(prompt) - 1 + np.arange(t), length - 1)
   targets = np.concatenate([inputs[:, 1:], np.full((b, 1), pad_id, np.int32)], axis=1)
   positions = np.broadcast_to(np.arange(length, dtype=np.int32), (b, length)).copy()
   return {"inputs": inputs, "targets": targets, "positions": positions,

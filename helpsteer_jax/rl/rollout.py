@@ -51,7 +51,9 @@ class Rollouts:
   (1 through the stop token, or the last token when the limit ended it),
   sampler_logp [B, T] float32 (each token's log-probability under the
   distribution it was drawn from; 0 on padding), finished [B] bool (a stop
-  ended it, not the limit), texts [B] (stop strings cut).
+  ended it, not the limit), texts [B] (stop strings cut). Multi-turn rollouts
+  (`rl.multiturn`) hold every turn after the first prompt, `mask` 1 on the
+  policy's tokens only, and `answers` [B] lists each completion's answers.
   """
 
   prompts: list[list[int]]
@@ -61,6 +63,18 @@ class Rollouts:
   sampler_logp: np.ndarray
   finished: np.ndarray
   texts: list[str]
+  answers: list[list[str]] | None = None
+
+
+def longest_answer(mask: np.ndarray) -> np.ndarray:
+  """[B] tokens of each row's longest answer: its longest run of masked tokens (the whole
+  completion, single-turn)."""
+  out = np.zeros(mask.shape[0], np.int64)
+  for b, row in enumerate(mask > 0):
+    edges = np.diff(np.concatenate([[0], row.astype(np.int8), [0]]))
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    out[b] = (ends - starts).max() if len(starts) else 0
+  return out
 
 
 def arrays(prompts: Sequence[Sequence[int]], k: int, outputs: Sequence[Output],

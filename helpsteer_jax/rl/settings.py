@@ -18,6 +18,7 @@ from helpsteer_jax.rl.rewards import STEERABLE
 
 NORMALIZATIONS = ("running", "fixed", "none")
 ROLLOUT_DTYPES = ("float32", "bfloat16", "float16")
+MULTI_TURN_REWARDS = ("final", "each")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +48,14 @@ class RLSettings:
   rollout_dtype: str = ""           # the engine's dtype ("" = the policy's)
   track_kl: bool = False            # the reference's log-probs for the KL metric alone
   max_staleness: int = 0            # 1: rollouts sampled one update ahead (`rl.off_policy`)
+  multi_turn: bool = False          # the policy answers every user turn (`rl.multiturn`)
+  multi_turn_reward: str = "final"  # "final" or "each" answer scored
+
+  def completion_width(self, seq_len: int) -> int:
+    """T, the completion region of a rollout row: one answer's limit, or with multi-turn
+    everything after the first prompt (later user turns and answers; a prompt holds at
+    least one token)."""
+    return seq_len - 1 if self.multi_turn else self.max_new_tokens
 
   @property
   def rows(self) -> int:
@@ -132,6 +141,14 @@ def read(config: ml_collections.ConfigDict) -> RLSettings:
     problems.append("rollout.max_staleness=1 with dynamic sampling: the extra rounds depend"
                     " on the first round's rewards and cannot be sampled ahead; set"
                     " loss.dynamic_sampling_rounds=0 or rollout.max_staleness=0")
+  multi_turn = bool(ro.get("multi_turn", False))
+  turn_reward = str(ro.get("multi_turn_reward", "final"))
+  if turn_reward not in MULTI_TURN_REWARDS:
+    problems.append(f"rollout.multi_turn_reward={turn_reward!r}: choose one of"
+                    f" {', '.join(MULTI_TURN_REWARDS)}")
+  if multi_turn and staleness:
+    problems.append("rollout.multi_turn with rollout.max_staleness=1: the rollout side samples"
+                    " one answer per prompt; set rollout.max_staleness=0 for multi-turn runs")
   if algorithm is not None and k < algorithm.min_samples:
     problems.append(f"rollout.samples_per_prompt={k}: {kind.name} compares each completion"
                     f" with the other samples of its prompt, so it needs at least"
@@ -183,4 +200,5 @@ def read(config: ml_collections.ConfigDict) -> RLSettings:
       reward_std=std, steer_coef=float(rc.steer_coef), steer_attributes=steer,
       recompute_logprobs=bool(lc.get("recompute_logprobs", False)),
       sampler_correction=correction, sampler_correction_cap=cap, rollout_dtype=rollout_dtype,
-      track_kl=bool(lc.get("track_kl", False)), max_staleness=staleness)
+      track_kl=bool(lc.get("track_kl", False)), max_staleness=staleness,
+      multi_turn=multi_turn, multi_turn_reward=turn_reward)

@@ -52,7 +52,7 @@ from helpsteer_jax.losses import advantages as adv_lib
 from helpsteer_jax.losses import sampler_correction
 from helpsteer_jax.models import builder
 from helpsteer_jax.rl import critic as critic_lib
-from helpsteer_jax.rl import dynamic_sampling, evaluation, objective, rewards, rollout
+from helpsteer_jax.rl import dynamic_sampling, evaluation, multiturn, objective, rewards, rollout
 from helpsteer_jax.rl import off_policy as off_policy_lib
 from helpsteer_jax.rl.rollout import Prompt
 from helpsteer_jax.rl.settings import RLSettings
@@ -251,12 +251,21 @@ class RLTrainer:
     scores = reward
     if s.truncation_penalty:
       scores = np.asarray(adv_lib.truncation_penalty(scores, r.finished, s.truncation_penalty))
-    return reward, s.algorithm.length_scores(scores, r.mask.sum(-1), s.max_new_tokens)
+    return reward, s.algorithm.length_scores(scores, rollout.longest_answer(r.mask),
+                                             s.max_new_tokens)
+
+  def sample_and_score(self) -> Callable:
+    """`rollout.sample_and_score`, or its multi-turn form (`rl.multiturn`)."""
+    if not self.s.multi_turn:
+      return rollout.sample_and_score
+    return functools.partial(multiturn.sample_and_score,
+                             width=self.s.completion_width(self.tc.seq_len),
+                             reward=self.s.multi_turn_reward)
 
   def _sample(self, iteration: int, indices: list[int], first: int = 0,
               on_sampled: Callable | None = None) -> tuple[rollout.Rollouts, np.ndarray, Any]:
     s = self.s
-    return rollout.sample_and_score(
+    return self.sample_and_score()(
         self.engine, [self.train_prompts[i] for i in indices], s.k, s.max_new_tokens,
         self.scorer, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
         seed=self.config.seed, step=iteration, pad_id=self.engine.pad_id,
@@ -356,6 +365,8 @@ class RLTrainer:
         "update_tokens_per_s": s.epochs * row_tokens / max(t_update, 1e-9),
         "rollout_s": t_rollout, "score_s": t_score, "update_s": t_update,
         "iteration_s": time.perf_counter() - t0, **sums, **extra}
+    if r.answers is not None:
+      metrics["turns"] = float(np.mean([len(a) for a in r.answers]))
     if self._with_ref:
       metrics["kl"] = float(np.mean(kl_seq))
     if recomputed:
@@ -413,7 +424,7 @@ class RLTrainer:
     """`rl.evaluation.evaluate` of the current policy on the eval prompts."""
     return evaluation.evaluate(self.engine, self.eval_prompts, self.scorer, self.weights,
                                self.s.steer_attributes, max_new_tokens, self.workdir,
-                               iteration)
+                               iteration, self.sample_and_score())
 
   # -- the loop ----------------------------------------------------------------------
 

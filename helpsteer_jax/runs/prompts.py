@@ -14,6 +14,7 @@ from absl import logging
 from helpsteer_jax.data.demo import rows as demo_rows
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import steering
+from helpsteer_jax.rl import multiturn
 from helpsteer_jax.rl.rollout import Prompt
 
 DEMO_TRAIN_SEED = 20_000  # the demo generator's seed for RL prompts (not the held-out one)
@@ -26,7 +27,7 @@ def read_requests(path: str, which: str, attributes: dict, config) -> list[steer
     requests = steering.read_requests(path, attributes, pc.system)
     seen, unique = set(), []
     for r in requests:  # HelpSteer2 rows repeat each prompt once per response
-      key = (r.prompt, tuple(sorted(r.attributes.items())))
+      key = (r.prompt, r.follow_ups, tuple(sorted(r.attributes.items())))
       if key not in seen:
         seen.add(key)
         unique.append(r)
@@ -47,21 +48,33 @@ def _sampled_attributes(requests: list[steering.Request], names: str, seed: int,
 
 
 def read_prompts(config: ml_collections.ConfigDict, attributes: dict, tokenizer: Any,
-                 add_bos: bool, max_prompt: int, which: str) -> list[Prompt]:
+                 add_bos: bool, max_prompt: int, which: str, multi_turn: int = 0
+                 ) -> list[Prompt]:
   """The train or eval prompts, tokenized (`Request.prompt_ids`); those over `max_prompt`
-  tokens are dropped."""
+  tokens are dropped. `multi_turn`: answers of at most this many tokens to every user turn
+  (`rl.multiturn.dialogue`), the follow-ups' worst case counted in the prompt's length;
+  0: one answer each (a row's follow-ups unanswered)."""
   pc = config.prompts
   path = pc.train_path if which == "train" else pc.eval_path
   requests = read_requests(path, which, attributes, config)
+  if multi_turn:
+    requests = [multiturn.dialogue(r) for r in requests]
+  elif any(r.follow_ups for r in requests):
+    logging.warning("%s prompts: %d have follow-up turns, which one answer leaves unasked;"
+                    " set rollout.multi_turn=true to answer them", which,
+                    sum(bool(r.follow_ups) for r in requests))
   if which == "eval" and pc.eval_limit:
     requests = requests[:pc.eval_limit]
   if pc.sample_attributes:
     _sampled_attributes(requests, pc.sample_attributes, config.seed, 0 if which == "train" else 1)
   prompts = [Prompt(r, r.prompt_ids(tokenizer, add_bos)) for r in requests]
-  kept = [p for p in prompts if len(p.ids) <= max_prompt]
+  kept = [p for p in prompts if len(p.ids) + (
+      multiturn.follow_up_tokens(p.request, tokenizer, multi_turn) if multi_turn else 0)
+      <= max_prompt]
   if len(kept) < len(prompts):
     logging.warning("%s prompts: %d of %d are longer than %d tokens (train.seq_len -"
-                    " rollout.max_new_tokens) and are left out", which,
+                    " rollout.max_new_tokens; with multi-turn, with every later turn and"
+                    " its longest answer) and are left out", which,
                     len(prompts) - len(kept), len(prompts), max_prompt)
   if which == "train" and not kept:
     raise ConfigError(f"no training prompt fits in {max_prompt} tokens: raise train.seq_len"

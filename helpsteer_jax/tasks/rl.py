@@ -80,7 +80,8 @@ def abstract_train_step(config: ml_collections.ConfigDict,
   model_cfg = runtime.model_config(config, weights=False)
   loss = functools.partial(objective.policy_objective, settings=s,
                            chunk_size=config.train.loss_chunk_size)
-  fields = ROLLOUT_BATCH.row_fields(length=config.train.seq_len, completion=s.max_new_tokens)
+  fields = ROLLOUT_BATCH.row_fields(length=config.train.seq_len,
+                                    completion=s.completion_width(config.train.seq_len))
   held, rollout_side = {}, {}
 
   def resident_arrays(parts, tx):
@@ -143,7 +144,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                          "RL-trained policy"), critic, teacher, ahead)
   max_prompt = config.train.seq_len - s.max_new_tokens
   read = functools.partial(prompts_lib.read_prompts, config, attributes, tokenizer, ro.add_bos,
-                           max_prompt)
+                           max_prompt, multi_turn=s.max_new_tokens if s.multi_turn else 0)
   trainer.train_prompts, trainer.eval_prompts = read("train"), read("eval")
   logging.info("rl: %s, %d training prompts, %d eval prompts, attributes %s", s.algorithm.name,
                len(trainer.train_prompts), len(trainer.eval_prompts), attributes or "none")
