@@ -183,6 +183,13 @@ class OffPolicyRollouts:
     self.ahead: Sampled | None = None
     self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollouts")
     self._future: concurrent.futures.Future | None = None
+    # Across processes the iteration's host gathers (`multihost`: the scorer's shares)
+    # run programs on every device, rollout devices included; from two threads their
+    # order against the worker's programs could differ between processes and deadlock.
+    # So there the batch ahead is sampled in `finish`, still with the weights before the
+    # update: the same batch, without the overlap.
+    self._overlap = jax.process_count() == 1
+    self._deferred: tuple | None = None
     rows = NamedSharding(rt.mesh, sharding_lib.batch_spec(rt.rules))
     rules = rt.rules
 
@@ -226,17 +233,22 @@ class OffPolicyRollouts:
       batch, self.ahead = self.ahead, None
     else:
       batch = self._run(iteration, iteration, prompts)
-    if later:
+    if later and self._overlap:
       self._future = self._worker.submit(self._run, iteration + 1, iteration, later)
+    elif later:
+      self._deferred = (iteration + 1, iteration, later)
     return batch
 
   def finish(self) -> float:
-    """Waits for the batch `advance` started (kept for its iteration); the seconds
-    waited."""
-    if self._future is None:
-      return 0.0
+    """Waits for the batch `advance` started, or samples it now across processes (kept for
+    its iteration); the seconds waited."""
     t = time.perf_counter()
-    self.ahead, self._future = self._future.result(), None
+    if self._deferred is not None:
+      self.ahead, self._deferred = self._run(*self._deferred), None
+    elif self._future is not None:
+      self.ahead, self._future = self._future.result(), None
+    else:
+      return 0.0
     return time.perf_counter() - t
 
   def state(self) -> dict | None:
