@@ -24,6 +24,11 @@ Steps, each timed and marked pass/fail (a failing step does not stop the others)
    (every prompt and row bucket compiled), then greedy requests, compared with the
    batch API (`generator.Generator`, a second engine); runs in a subprocess with a
    time limit.
+6. rl: GRPO through the CLI (`configs/rl.py`) from that run's checkpoint, the update in
+   bf16 with cuDNN attention, the engine's rollouts, the sampler's log-probs recomputed
+   and corrected (`loss.sampler_correction=token_truncate`); every iteration must log a
+   finite loss and the mismatch KL, the held-out greedy reward must be scored before
+   and after, on GPU devices.
 
 The table is printed last; the results go to `benchmarks/results/gpu_check.json`
 (`gpu_check_cpu_dry_run.json` for a dry run) or `--json`.
@@ -100,6 +105,18 @@ def _mesh(out: str) -> dict:
   if not match:
     return {"mesh": None, "devices": 0, "platform": None}
   return {"mesh": match.group(1), "devices": int(match.group(2)), "platform": match.group(3)}
+
+
+def _run_task(step: "Step", flags: list[str], log: pathlib.Path, env: dict[str, str],
+              timeout: float, run_dir: pathlib.Path) -> tuple[int, str, list[dict]]:
+  """A task through the CLI, its command, exit code and mesh in `step.details`;
+  (exit code, output, the run's metrics.jsonl records)."""
+  from helpsteer_jax.rl import report
+
+  step.details["command"] = "python3 -m helpsteer_jax.main " + " ".join(flags)
+  code, out = _run_cli(flags, log, env, timeout)
+  step.details.update(exit_code=code, **_mesh(out))
+  return code, out, report.read_metrics(run_dir)
 
 
 class Step:
@@ -305,17 +322,8 @@ def check_train(step: Step, args, env, workdir: pathlib.Path) -> None:
            f"--config.train.log_every={args.log_every}",
            "--config.train.eval_every=0", f"--config.train.save_every={args.steps}",
            f"--config.optimizer.warmup_steps={max(1, args.steps // 10)}"]
-  step.details["command"] = "python3 -m helpsteer_jax.main " + " ".join(flags)
-  code, out = _run_cli(flags, workdir / "acsft.log", env, args.train_timeout)
-  step.details.update(exit_code=code, **_mesh(out))
-  records = []
-  metrics = run_dir / "metrics.jsonl"
-  if metrics.exists():
-    for line in metrics.read_text(encoding="utf-8").splitlines():
-      try:
-        records.append(json.loads(line))
-      except json.JSONDecodeError:
-        pass
+  code, out, records = _run_task(step, flags, workdir / "acsft.log", env,
+                                 args.train_timeout, run_dir)
   train = [r for r in records if "loss" in r and "tokens_per_s" in r]
   evals = [r for r in records if "eval_loss" in r]
   hf_dir = run_dir / "hf"
@@ -488,6 +496,68 @@ def check_engine(step: Step, args, env, workdir: pathlib.Path) -> None:
 
 
 # ---------------------------------------------------------------------------
+# 6. Online RL through the CLI.
+
+
+def check_rl(step: Step, args, env, workdir: pathlib.Path) -> None:
+  if not (workdir / "acsft" / "checkpoints").is_dir():
+    step.error = "no AC-SFT run (the train step failed)"
+    return
+  run_dir = workdir / "rl"
+  impl = "blockwise" if args.cpu_dry_run else "cudnn"
+  flags = ["--config=configs/rl.py", f"--workdir={run_dir}",
+           f"--config.init.source={workdir / 'acsft'}",
+           f"--config.model.attention_impl={impl}", "--config.model.dtype=bfloat16",
+           f"--config.train.num_steps={args.rl_steps}",
+           f"--config.train.eval_every={args.rl_steps}",
+           f"--config.train.save_every={args.rl_steps}",
+           "--config.loss.sampler_correction=token_truncate"]
+  code, out, records = _run_task(step, flags, workdir / "rl.log", env, args.rl_timeout, run_dir)
+  its = [r for r in records if "loss" in r and "reward" in r]
+  evals = [r for r in records if "eval_reward" in r]
+  finite = lambda v: isinstance(v, (int, float)) and v == v and abs(v) != float("inf")
+  step.details.update(
+      iterations=len(its),
+      reward={r["step"]: round(r["reward"], 4) for r in its},
+      loss={r["step"]: round(r["loss"], 5) for r in its},
+      mismatch_kl={r["step"]: r.get("mismatch_kl") for r in its},
+      mismatch_kl_k3={r["step"]: r.get("mismatch_kl_k3") for r in its},
+      is_capped={r["step"]: r.get("is_capped") for r in its},
+      eval_reward={r["step"]: round(r["eval_reward"], 4) for r in evals},
+      **{f"{phase}_s": statistics.median(r[f"{phase}_s"] for r in its[1:])
+         if len(its) > 1 and all(f"{phase}_s" in r for r in its[1:]) else None
+         for phase in ("rollout", "update", "iteration")})
+  want = "cpu" if args.cpu_dry_run else "gpu"
+  checks = {
+      "exit 0": code == 0,
+      f"mesh over {want} devices": step.details["platform"] == want,
+      "every iteration logged": len(its) == args.rl_steps,
+      "finite losses": bool(its) and all(finite(r["loss"]) for r in its),
+      "mismatch KL logged": bool(its) and all(finite(r.get("mismatch_kl_k3")) for r in its),
+      "eval before and after": len(evals) >= 2,
+  }
+  step.details["checks"] = checks
+  step.ok = all(checks.values())
+  if its:
+    kls = [r["mismatch_kl_k3"] for r in its if finite(r.get("mismatch_kl_k3"))]
+    step.note = (f"{len(its)} GRPO iterations, reward {its[0]['reward']:.2f} ->"
+                 f" {its[-1]['reward']:.2f}")
+    if len(evals) >= 2:
+      step.note += (f", held-out {evals[0]['eval_reward']:.3f} ->"
+                    f" {evals[-1]['eval_reward']:.3f}")
+    if kls:
+      step.note += f", mismatch KL (k3) max {max(kls):.1e}"
+    if step.details["iteration_s"]:
+      step.note += f", {step.details['iteration_s']:.2f} s/iteration"
+    step.note += f", {step.details['devices']} {step.details['platform']} device(s)"
+  if not step.ok:
+    step.error = "failed: " + ", ".join(k for k, v in checks.items() if not v)
+    if code != 0:
+      step.error += f" ({_last_error(out)})"
+    print(_tail(out, 40))
+
+
+# ---------------------------------------------------------------------------
 
 
 def table(steps: list[Step]) -> str:
@@ -513,7 +583,10 @@ def main() -> int:
   parser.add_argument("--train-timeout", type=float, default=300)
   parser.add_argument("--generate-timeout", type=float, default=150)
   parser.add_argument("--engine-timeout", type=float, default=180)
+  parser.add_argument("--rl-steps", type=int, default=0, help="RL iterations (10; dry run 3)")
+  parser.add_argument("--rl-timeout", type=float, default=360)
   parser.add_argument("--skip-engine", action="store_true")
+  parser.add_argument("--skip-rl", action="store_true")
   parser.add_argument("--engine-probe", default="", help=argparse.SUPPRESS)
   args = parser.parse_args()
 
@@ -525,6 +598,7 @@ def main() -> int:
   dry = args.cpu_dry_run
   args.steps = args.steps or (20 if dry else 100)
   args.log_every = args.log_every or (5 if dry else 10)
+  args.rl_steps = args.rl_steps or (3 if dry else 10)
   env = _env(dry)
   os.environ.update({k: env[k] for k in ("JAX_PLATFORMS", "XLA_PYTHON_CLIENT_PREALLOCATE")})
   sys.path.insert(0, str(REPO))
@@ -539,6 +613,8 @@ def main() -> int:
            run_step("generate", check_generate, args, env, workdir)]
   if not args.skip_engine:
     steps.append(run_step("engine", check_engine, args, env, workdir))
+  if not args.skip_rl:
+    steps.append(run_step("rl", check_rl, args, env, workdir))
 
   result = {"mode": "cpu-dry-run" if dry else "gpu",
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -194,3 +194,18 @@ def scorer(inputs: dict) -> tuple[str, ...]:
   """The attribute model of annotate, evaluate_rm and build_2d: the backbone + head file."""
   return (f"--config.scorer.source={inputs['backbone']}",
           f"--config.scorer.head={inputs['head']}", "--config.scorer.batch_size=8")
+
+
+def rl_args(task_inputs, workdir, *extra: str) -> tuple[str, ...]:
+  """GRPO with a host-side scorer (split over the processes) and two updates per
+  iteration."""
+  return ("--config=configs/rl.py", *MODEL, *MESH, "--config.init.source=",
+          f"--config.tokenizer={task_inputs['tokenizer']}",
+          "--config.scorer.source=fake_scorer:make_brevity",
+          "--config.prompts.demo_train_prompts=16", "--config.prompts.eval_limit=4",
+          "--config.rollout.prompts_per_iteration=4", "--config.rollout.samples_per_prompt=4",
+          "--config.rollout.max_new_tokens=12", "--config.train.num_steps=2",
+          "--config.train.global_batch=8", "--config.train.micro_batch=8",
+          "--config.train.seq_len=128", "--config.train.loss_chunk_size=64",
+          "--config.train.export_hf=false", "--config.optimizer.lr=1e-2", f"--workdir={workdir}",
+          *extra)

@@ -9,6 +9,8 @@ from typing import Mapping
 ATTRIBUTES = ("quality", "toxicity", "humor", "creativity", "helpfulness",
               "correctness", "coherence", "complexity", "verbosity")
 HELPSTEER_ATTRIBUTES = ATTRIBUTES[4:]
+# The attributes a SteerLM prompt requests that a reward can hold it to
+STEERABLE = ("complexity", "verbosity")
 # HelpSteer-2D's five aspects, scored per segment
 ASPECTS_2D = ("helpfulness", "correctness", "safety", "completeness", "clarity")
 NUM_ATTRIBUTES = len(ATTRIBUTES)

@@ -2,10 +2,11 @@
 
 A rollout batch packs each prompt and its completion into one right-padded
 row ([B, L], L = the longest prompt + max_new_tokens); the model's per-token
+final hidden states are gathered at the completion positions and their
 log-probabilities come from the fused projection (`losses.logprobs`, no
-[B, L, vocab] logits) and are gathered at the completion tokens, [B, T] in
-the rollouts' layout, so the losses in `losses.policy_gradient` read them
-directly. The passes over rollout rows run on `frozen_pass.FrozenPass`.
+[B, L, vocab] logits, no head matmul on the prompt), [B, T] in the rollouts'
+layout, so the losses in `losses.policy_gradient` read them directly. The passes
+over rollout rows run on `frozen_pass.FrozenPass`.
 """
 
 from __future__ import annotations
@@ -68,8 +69,17 @@ def hidden_logprobs(model: nnx.Module, hidden: jax.Array, batch: dict[str, jax.A
       raise ConfigError("rollout.temperature != 1 with a soft-capped head (the cap applies"
                         " before the temperature): sample at temperature 1")
     hidden = hidden / jnp.asarray(temperature, hidden.dtype)
-  lp = token_logprobs(hidden, model.head_weight(), batch["targets"], chunk_size, softcap)
-  return jnp.take_along_axis(lp, batch["at"], axis=1)
+  # The head runs on the completion positions alone (as TRL's `logits_to_keep`): the
+  # prompt's positions would cost vocabulary matmuls whose log-probabilities are unread.
+  at = batch["at"]
+  t = at.shape[1]
+  h = jnp.take_along_axis(hidden, at[..., None], axis=1)
+  targets = jnp.take_along_axis(batch["targets"], at, axis=1)
+  pad = (-t) % chunk_size if 0 < chunk_size < t else 0
+  if pad:
+    h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
+  return token_logprobs(h, model.head_weight(), targets, chunk_size, softcap)[:, :t]
 
 
 def reference_logprobs(model: nnx.Module, batch: dict[str, jax.Array], reference: Any,

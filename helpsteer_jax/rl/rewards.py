@@ -5,6 +5,8 @@
   coherence), normalised by a fixed mean and std (the paper normalises by
   the training data's) or by running moments
   over the rewards seen so far (`RunningMoments`, TRL's and NeMo's).
+- The scores the advantages read (`iteration_scores`): the run's normalisation,
+  less the truncation penalty, with the algorithm's length shaping.
 - The steering term, for prompts that request attribute values (SteerLM
   labels): minus `coef` times the mean absolute distance between the
   predicted and the requested values of the steerable attributes, so RL
@@ -14,15 +16,17 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 
-from helpsteer_jax.data.records import ATTRIBUTES
+from helpsteer_jax.data.records import ATTRIBUTES, STEERABLE
 from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.losses import advantages as adv_lib
 from helpsteer_jax.scoring import rewards as rewards_lib
 
-STEERABLE = ("complexity", "verbosity")
+if TYPE_CHECKING:
+  from helpsteer_jax.rl.settings import RLSettings
 
 
 def steering_distance(preds: np.ndarray, requested: Sequence[Mapping[str, float] | None],
@@ -84,3 +88,23 @@ def rollout_rewards(preds: np.ndarray, weights: Mapping[str, float], *,
       raise ConfigError("the steering reward needs each rollout's requested attributes")
     reward = reward - steer_coef * steering_distance(preds, requested, attributes)
   return reward
+
+
+def iteration_scores(preds: np.ndarray, weights: np.ndarray,
+                     requested: Sequence[Mapping[str, float] | None], finished: np.ndarray,
+                     longest: np.ndarray, s: RLSettings, moments: RunningMoments
+                     ) -> tuple[np.ndarray, np.ndarray]:
+  """[R] rewards (`reward.normalize`'s standardisation, the steering term) and [R] scores
+  for the advantages: less the truncation penalty where a completion did not `finish`,
+  with the algorithm's shaping of the `longest` answer's length."""
+  if s.normalize == "running":
+    reward = rollout_rewards(preds, weights, requested=requested, steer_coef=s.steer_coef,
+                             mean=None, moments=moments, attributes=s.steer_attributes)
+  else:
+    mean, std = (s.reward_mean, s.reward_std) if s.normalize == "fixed" else (0.0, 1.0)
+    reward = rollout_rewards(preds, weights, requested=requested, steer_coef=s.steer_coef,
+                             mean=mean, std=std, attributes=s.steer_attributes)
+  scores = reward
+  if s.truncation_penalty:
+    scores = np.asarray(adv_lib.truncation_penalty(scores, finished, s.truncation_penalty))
+  return reward, s.algorithm.length_scores(scores, longest, s.max_new_tokens)

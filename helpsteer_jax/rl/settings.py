@@ -9,12 +9,12 @@ import pathlib
 
 import ml_collections
 
+from helpsteer_jax.data.records import STEERABLE
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.losses import sampler_correction
 from helpsteer_jax.losses.policy_gradient import AGGREGATIONS
 from helpsteer_jax.rl.algorithms import REGISTRY
 from helpsteer_jax.rl.algorithms.base import Algorithm, LossSettings
-from helpsteer_jax.rl.rewards import STEERABLE
 
 NORMALIZATIONS = ("running", "fixed", "none")
 ROLLOUT_DTYPES = ("float32", "bfloat16", "float16")

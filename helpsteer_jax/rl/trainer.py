@@ -10,13 +10,8 @@ An iteration:
    process);
 2. turns the predictions into rewards (`rewards`);
 3. computes the reference's log-probabilities on the training path, and the
-   sampling policy's when an iteration makes several optimizer steps (or
-   top-p/top-k truncate the sampler): the sampler's own differ from the
-   trainer's by kernel and cache numerics, and the importance ratio must be
-   exactly 1 on the first update for the clipped objective to be REINFORCE's
-   gradient. With one step the ratio is exactly 1 without them
-   (`RLSettings.recomputes_old_logp`). The pass is dispatched before scoring,
-   so the devices compute it while the host prepares the scorer's batches;
+   sampling policy's where the ratio needs them (`rl.logprob_pass`), dispatched
+   before scoring;
 4. computes the algorithm's advantages (`rl.algorithms`) and runs `loss.epochs` passes of
    optimizer steps of `train.global_batch` completions (the shared train
    step of `train.loop`, gradient accumulation included);
@@ -45,14 +40,21 @@ import numpy as np
 from absl import logging
 from jax.sharding import NamedSharding
 
-from helpsteer_jax import frozen_pass, runtime
+from helpsteer_jax import runtime
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.inference.engine import Engine
-from helpsteer_jax.losses import advantages as adv_lib
 from helpsteer_jax.losses import sampler_correction
 from helpsteer_jax.models import builder
 from helpsteer_jax.rl import critic as critic_lib
-from helpsteer_jax.rl import dynamic_sampling, evaluation, multiturn, objective, rewards, rollout
+from helpsteer_jax.rl import (
+  dynamic_sampling,
+  evaluation,
+  logprob_pass,
+  multiturn,
+  objective,
+  rewards,
+  rollout,
+)
 from helpsteer_jax.rl import off_policy as off_policy_lib
 from helpsteer_jax.rl.rollout import Prompt
 from helpsteer_jax.rl.settings import RLSettings
@@ -155,8 +157,6 @@ class RLTrainer:
 
   def _compile(self, reference: Any, teacher: Any = None) -> None:
     parts, rules, chunk = self.parts, self.rt.rules, self.tc.loss_chunk_size
-    temperature, with_ref = self.s.temperature, self.s.uses_reference and reference is not None
-    with_old = self.s.recomputes_old_logp and not self.s.max_staleness
     loss = functools.partial(objective.policy_objective, settings=self.s, chunk_size=chunk)
     if teacher is not None:
       loss = teacher.objective(self.s, chunk)
@@ -165,26 +165,12 @@ class RLTrainer:
     self.train_step = loop.jit_train_step(
         step, self.rt, self.state_shardings, self.batch_sharding,
         (parts.base_shardings, *(() if teacher is None else (teacher.shardings,))))
-    frozen = () if reference in (None, "adapters_off") else (reference[0],)
-    frozen_shardings = () if not frozen else (reference[1],)
+    self.logprobs = logprob_pass.LogprobPass(
+        parts, self.rt, self.s, reference, self.state_shardings.params, self.rows_sharding,
+        self.tc.micro_batch, chunk)
 
-    def logprobs(params, base, *args):
-      *ref, batch = args
-      with sharding_lib.axis_rules(rules):
-        model = state_lib.merge_model(parts, params, base)
-        out = {}
-        if with_old:
-          out["old"] = objective.completion_logprobs(model, batch, chunk, temperature)
-        if with_ref:
-          out["ref"] = objective.reference_logprobs(model, batch, ref[0] if ref else None,
-                                                    chunk, temperature)
-        return out
-
-    self._logprobs = frozen_pass.FrozenPass(
-        logprobs, self.rt.mesh, self.rows_sharding, self.tc.micro_batch,
-        (self.state_shardings.params, parts.base_shardings, *frozen_shardings))
-    self._frozen, self._logprob_outputs = frozen, with_old or with_ref
-    self._with_ref = with_ref
+  def _dispatch(self, rows: dict[str, np.ndarray]) -> list:
+    return self.logprobs.dispatch(self.state.params, self.parts.base, rows)
 
   def policy_model(self):
     """The current policy as the engine decodes it (LoRA adapters merged in)."""
@@ -210,49 +196,10 @@ class RLTrainer:
     return [prompts[b // per_prompt].request.attributes
             for b in range(len(prompts) * per_prompt)]
 
-  def _rewards(self, preds: np.ndarray, requested: list[dict]) -> np.ndarray:
-    s = self.s
-    if s.normalize == "running":
-      return rewards.rollout_rewards(preds, self.weights, requested=requested,
-                                     steer_coef=s.steer_coef, mean=None,
-                                     moments=self.host.moments, attributes=s.steer_attributes)
-    mean, std = (s.reward_mean, s.reward_std) if s.normalize == "fixed" else (0.0, 1.0)
-    return rewards.rollout_rewards(preds, self.weights, requested=requested,
-                                   steer_coef=s.steer_coef, mean=mean, std=std,
-                                   attributes=s.steer_attributes)
-
-  def _dispatch_logprobs(self, rows: dict[str, np.ndarray]) -> list:
-    """Starts the training path's log-prob pass over `rows` (see `_compile`)."""
-    if not self._logprob_outputs:
-      return []
-    fields = ("inputs", "targets", "positions", "segment_ids", "at")
-    return self._logprobs.batches((self.state.params, self.parts.base, *self._frozen),
-                                  {k: rows[k] for k in fields})
-
-  def _fetch_logprobs(self, pending: list, r: rollout.Rollouts,
-                      behaviour: np.ndarray | None = None
-                      ) -> tuple[np.ndarray, np.ndarray, bool]:
-    """[R, T] log-probs of the rollout tokens under the sampling policy and the reference
-    (zeros without one), and whether the former were recomputed (else the sampler's;
-    `behaviour`: computed on the rollout side, `rl.off_policy`)."""
-    outs = frozen_pass.FrozenPass.fetch(pending) if pending else {}
-    old = (behaviour if behaviour is not None
-           else outs["old"] if self.s.recomputes_old_logp else r.sampler_logp)
-    ref = outs["ref"] if "ref" in outs else np.zeros_like(old)
-    return old, ref, self.s.recomputes_old_logp
-
   def _scores(self, preds: np.ndarray, requested: list[dict], r: rollout.Rollouts
               ) -> tuple[np.ndarray, np.ndarray]:
-    """[R] rewards (normalised, with the steering term) and the scores the advantages
-    read before the algorithm's own terms: less the truncation penalty, with the
-    overlong shaping."""
-    s = self.s
-    reward = self._rewards(preds, requested)
-    scores = reward
-    if s.truncation_penalty:
-      scores = np.asarray(adv_lib.truncation_penalty(scores, r.finished, s.truncation_penalty))
-    return reward, s.algorithm.length_scores(scores, rollout.longest_answer(r.mask),
-                                             s.max_new_tokens)
+    return rewards.iteration_scores(preds, self.weights, requested, r.finished,
+                                    rollout.longest_answer(r.mask), self.s, self.host.moments)
 
   def sample_and_score(self) -> Callable:
     """`rollout.sample_and_score`, or its multi-turn form (`rl.multiturn`)."""
@@ -314,14 +261,14 @@ class RLTrainer:
     else:
       def sampled(r: rollout.Rollouts) -> tuple[float, dict[str, np.ndarray], list]:
         rows = objective.pack(r, tc.seq_len, self.engine.pad_id)
-        return time.perf_counter() - t0, rows, self._dispatch_logprobs(rows)
+        return time.perf_counter() - t0, rows, self._dispatch(rows)
 
       r, preds, (t_rollout, rows, pending) = self._sample(iteration, indices,
                                                           on_sampled=sampled)
       extra = {}
     if ahead is not None or s.algorithm.dynamic_sampling_rounds:
       rows = objective.pack(r, tc.seq_len, self.engine.pad_id)
-      pending = self._dispatch_logprobs(rows)
+      pending = self._dispatch(rows)
     if ahead is not None:
       preds = rollout.score(r, [self.train_prompts[i] for i in indices], self.scorer)
     requested = self._requested([self.train_prompts[i] for i in indices], s.k)
@@ -329,7 +276,7 @@ class RLTrainer:
       reward, scores = self._scores(preds, requested, r)
     raw = scoring_rewards.rewards(preds, self.weights)
     t_score = time.perf_counter() - t0 - t_rollout
-    old_logp, ref_logp, recomputed = self._fetch_logprobs(
+    old_logp, ref_logp, recomputed = self.logprobs.fetch(
         pending, r, None if ahead is None else ahead.behaviour_logp)
     mask = r.mask
     # DAPO's overlong filtering: a completion cut at the limit is no evidence either way.
@@ -367,7 +314,7 @@ class RLTrainer:
         "iteration_s": time.perf_counter() - t0, **sums, **extra}
     if r.answers is not None:
       metrics["turns"] = float(np.mean([len(a) for a in r.answers]))
-    if self._with_ref:
+    if self.logprobs.with_ref:
       metrics["kl"] = float(np.mean(kl_seq))
     if recomputed:
       metrics["sampler_logp_gap"] = float(np.abs((r.sampler_logp - old_logp) * mask).sum()
