@@ -78,7 +78,8 @@ SLOW_FIRST = (
     "test_generation.py", "test_fault_tolerance.py", "test_aot_tasks.py", "test_lora_tasks.py",
     "test_completions_dialect.py", "test_cli.py", "test_determinism.py", "test_engine.py",
     # the multi-process run's (the two fault files wait for one shared reference run)
-    "test_multihost_generate.py", "test_multihost_preemption.py", "test_multihost_steerlm2.py",
+    "test_multihost_steerlm2.py", "test_multihost_rl_sampling.py", "test_multihost_generate.py",
+    "test_multihost_preemption.py",
     "test_multihost_iterative_dpo.py", "test_multihost_annotate.py", "test_multihost_rl.py",
     "test_multihost_reference.py", "test_multihost_judging.py", "test_multihost_lost_process.py")
 SLOWEST_FILES = 15  # rows of the table printed at the end of a run

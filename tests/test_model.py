@@ -17,6 +17,11 @@ GEMMA2 = dict(families.get("gemma2").config_fields(), num_layers=3, head_dim=16,
               tie_word_embeddings=True)
 
 
+def _tier(*values):
+  """A case the version tier runs too (the others: the full run alone)."""
+  return pytest.param(*values, marks=pytest.mark.version_tier)
+
+
 def _model(family=None, **overrides):
   return builder.create(catalog.model_config("tiny", **(family or {}), **overrides))
 
@@ -60,11 +65,10 @@ def _reference_attention(q, k, v, seg, window=None, softcap=None, scale=None):
   return jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(scores, -1), v)
 
 
-@pytest.mark.version_tier
 @pytest.mark.parametrize("impl,block,window,softcap", [
-    ("xla", 0, None, None), ("blockwise", 16, None, None), ("blockwise", 48, None, None),
-    ("blockwise", 20, None, None), ("xla", 0, 7, 2.0), ("blockwise", 16, 7, 2.0),
-    ("blockwise", 20, 24, None), ("blockwise", 16, None, 1.5)])
+    _tier("xla", 0, None, None), ("blockwise", 16, None, None), ("blockwise", 48, None, None),
+    ("blockwise", 20, None, None), ("xla", 0, 7, 2.0), _tier("blockwise", 16, 7, 2.0),
+    _tier("blockwise", 20, 24, None), ("blockwise", 16, None, 1.5)])
 def test_attention_kernels_match_reference_forward_and_gradient(impl, block, window, softcap):
   """With a sliding window (7: a 16-query block skips whole key blocks) and
   soft-capping, forward and custom-VJP gradients equal the dense reference."""
@@ -90,8 +94,7 @@ def test_attention_kernels_match_reference_forward_and_gradient(impl, block, win
     np.testing.assert_allclose(a, b, atol=2e-4, rtol=1e-4)
 
 
-@pytest.mark.version_tier
-@pytest.mark.parametrize("new_tokens,window", [(1, None), (3, None), (1, 4), (3, 5)])
+@pytest.mark.parametrize("new_tokens,window", [(1, None), (3, None), (1, 4), _tier(3, 5)])
 def test_cached_attention_equals_reference_on_heads_first_cache(new_tokens, window):
   """Decode attention over a [B, K, S, D] cache: left padding, filled slots
   only (with a window: the window's slots only, read as a slice)."""
@@ -136,16 +139,15 @@ def test_packed_segments_equal_separate_sequences(family):
   np.testing.assert_allclose(packed[1, 8:], alone[0], atol=1e-5)
 
 
-@pytest.mark.version_tier
 @pytest.mark.parametrize("family,changes", [
     (None, dict(scan_layers=False)),
-    (None, dict(remat_policy="full")),
+    _tier(None, dict(remat_policy="full")),
     (None, dict(remat_policy="save_dots")),
     (None, dict(remat_policy="save_dots_no_batch", scan_layers=False)),
     (None, dict(attention_impl="xla")),
     # Layers scanned in (sliding, full) pairs + a remainder, blockwise, vs one
     # by one, rematerialised, dense.
-    (GEMMA2, dict(scan_layers=False, remat_policy="full", attention_impl="xla")),
+    _tier(GEMMA2, dict(scan_layers=False, remat_policy="full", attention_impl="xla")),
 ], ids=["unscanned", "full", "save_dots", "no_batch_unscanned", "xla", "gemma2"])
 def test_execution_knobs_do_not_change_results(family, changes):
   knobs = dict(attention_impl="blockwise", attention_block_size=16)

@@ -1,6 +1,6 @@
 """RL with two processes trains as one process does: on-policy distillation mixed with
-GRPO's reward term, and GRPO with one-step-off-policy rollouts. DAPO's rounds and
-multi-turn rollouts: tests/test_multihost_rl_sampling.py.
+GRPO's reward term, from one-step-off-policy rollouts. DAPO's rounds over multi-turn
+rollouts: tests/test_multihost_rl_sampling.py.
 
 The harness and what every two-process test checks: tests/task_groups.py.
 """
@@ -16,18 +16,16 @@ import task_groups as tg
 pytestmark = pytest.mark.multihost
 
 
-def _off_policy() -> tuple[str, ...]:
-  """Each process gives half its devices to rollouts: the training mesh 2 x 2, the rollout
-  mesh 4-way data parallel, both spanning the processes; three iterations, so that two
-  train on rollouts sampled ahead."""
-  return ("--config.mesh.fsdp=2", "--config.rollout.max_staleness=1",
-          "--config.train.num_steps=3")
-
-
-def _distill(task_inputs) -> tuple[str, ...]:
-  """Distillation from the random HF backbone (MODEL's shape), the reward's term mixed in."""
-  return ("--config.algorithm=distill", f"--config.teacher.source={task_inputs['backbone']}",
-          "--config.loss.reward_coef=0.5")
+def _args(task_inputs, workdir) -> tuple[str, ...]:
+  """Distillation from the random HF backbone (MODEL's shape), the reward's term mixed in.
+  Each process gives half its devices to rollouts: the training mesh 2 x 2 (replacing
+  MESH's fsdp), the rollout mesh 4-way data parallel, both spanning the processes; three
+  iterations, so that two train on rollouts sampled ahead."""
+  base = tg.rl_args(task_inputs, workdir, "--config.algorithm=distill",
+                    f"--config.teacher.source={task_inputs['backbone']}",
+                    "--config.loss.reward_coef=0.5", "--config.mesh.fsdp=2",
+                    "--config.rollout.max_staleness=1", "--config.train.num_steps=3")
+  return tuple(a for a in base if a != "--config.mesh.fsdp=4")
 
 
 RL_EXACT = ("step", "reward", "reward_normalized", "reward_std", "score", "response_length",
@@ -36,25 +34,15 @@ RL_TIMINGS = ("time", "rollout_tokens_per_s", "update_tokens_per_s", "rollout_s"
               "update_s", "iteration_s", "rollout_wait_s")
 
 
-@pytest.mark.parametrize("mode", ["distill", "off_policy"])
-def test_rl_two_processes_train_as_one(task_inputs, tmp_path, mode):
+def test_rl_two_processes_train_as_one(task_inputs, tmp_path):
   """Rollouts, rewards, advantages and updates with two processes equal one process's:
   the same samples and rewards (the eval samples byte for byte), and losses and weights
   equal up to the order of the gradient all-reduce across processes (as the SFT loop's,
-  tests/test_multihost.py). Off-policy: the rollouts sampled ahead, their rewards and
-  behaviour log-probs too."""
-  distill = mode == "distill"
-  extra = _distill(task_inputs) if distill else _off_policy()
-  steps = 2 if distill else 3
-
-  def args(workdir):
-    base = tg.rl_args(task_inputs, workdir, *extra)
-    if not distill:  # _off_policy's mesh replaces MESH's fsdp
-      base = tuple(a for a in base if a != "--config.mesh.fsdp=4")
-    return base
-
-  tg.single(*args(tmp_path / "single"))
-  run, _ = tg.run_two(tmp_path, *args(tmp_path / "w"))
+  tests/test_multihost.py); the rollouts sampled ahead, their rewards, behaviour
+  log-probs and the teacher's too."""
+  steps = 3
+  tg.single(*_args(task_inputs, tmp_path / "single"))
+  run, _ = tg.run_two(tmp_path, *_args(task_inputs, tmp_path / "w"))
   tg.assert_same(tmp_path / "single", tmp_path / "w", "samples/iteration_000000.jsonl",
                  f"samples/iteration_{steps:06d}.jsonl")
 
@@ -64,10 +52,9 @@ def test_rl_two_processes_train_as_one(task_inputs, tmp_path, mode):
 
   one, two = metrics(tmp_path / "single"), metrics(tmp_path / "w")
   assert [sorted(r) for r in one] == [sorted(r) for r in two] and len(one) == steps + 2
-  assert ("teacher_kl" in one[1]) == distill
-  if not distill:
-    assert [r["staleness"] for r in two if "staleness" in r] == [0.0, 1.0, 1.0]
-    assert max(r["clip_fraction"] for r in two if "clip_fraction" in r) > 0
+  assert "teacher_kl" in one[1]
+  assert [r["staleness"] for r in two if "staleness" in r] == [0.0, 1.0, 1.0]
+  assert max(r["clip_fraction"] for r in two if "clip_fraction" in r) > 0
   for a, b in zip(one, two):
     for key in a:
       if key in RL_EXACT or key.startswith("eval_"):

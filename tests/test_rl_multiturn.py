@@ -198,21 +198,25 @@ def _multi(tmp_path, algorithm="grpo", **overrides):
       "prompts.eval_limit": 3, "rollout.max_new_tokens": 12, **overrides})
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "ppo", "dapo"])
-def test_a_multi_turn_run_answers_every_turn(tmp_path, algorithm):
-  """GRPO; PPO (its GAE over the answers' tokens); DAPO (dynamic sampling, the overlong
-  shaping on the longest answer)."""
-  summary = task.run(_multi(tmp_path, algorithm=algorithm, **{"train.num_steps": 2}),
-                     str(tmp_path / "run"))
-  assert summary["status"] == "finished"
-  train = _train_rows(tmp_path / "run")
+def _assert_every_turn_answered(workdir) -> None:
+  train = _train_rows(workdir)
   for row in train.values():
     assert 1.0 < row["turns"] <= 3.0 and np.isfinite(row["loss"])
     assert np.isfinite(row.get("kl", 0.0))  # dapo: no KL term
   samples = [json.loads(line) for line in
-             (tmp_path / "run" / "samples" / "iteration_000002.jsonl").read_text().splitlines()]
+             (workdir / "samples" / "iteration_000002.jsonl").read_text().splitlines()]
   assert [len(s["answers"]) for s in samples] == [1 + len(s["follow_ups"]) for s in samples]
   assert [len(s["follow_ups"]) for s in samples] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "dapo"])
+def test_a_multi_turn_run_answers_every_turn(tmp_path, algorithm):
+  """PPO (its GAE over the answers' tokens); DAPO (dynamic sampling, the overlong
+  shaping on the longest answer). GRPO: the resume test below."""
+  summary = task.run(_multi(tmp_path, algorithm=algorithm, **{"train.num_steps": 2}),
+                     str(tmp_path / "run"))
+  assert summary["status"] == "finished"
+  _assert_every_turn_answered(tmp_path / "run")
 
 
 def test_single_turn_prompts_train_the_same_with_multi_turn_on(tmp_path):
@@ -231,8 +235,11 @@ def test_single_turn_prompts_train_the_same_with_multi_turn_on(tmp_path):
 
 
 def test_a_resumed_multi_turn_run_repeats_the_uninterrupted_one(tmp_path):
+  """GRPO with each answer scored: every turn answered, and stopped after iteration 1
+  and resumed, iteration 2 is the uninterrupted run's."""
   assert_resumes(_multi(tmp_path, **{"rollout.multi_turn_reward": "each"}), tmp_path,
                  ("reward", "reward_normalized", "kl", "loss", "response_length", "turns"))
+  _assert_every_turn_answered(tmp_path / "straight")
 
 
 @pytest.mark.skipif(not (MT_BENCH / "question.jsonl").is_file(),
