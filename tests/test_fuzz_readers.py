@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpsteer_jax.data.formats import helpsteer as readers
+from helpsteer_jax.data.formats import helpsteer3, preference
 from helpsteer_jax.data.formats import helpsteer_2d as pairs
-from helpsteer_jax.data.formats import preference
 from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.records import HELPSTEER_ATTRIBUTES
 from helpsteer_jax.errors import DataError
@@ -62,6 +62,24 @@ PAIRS_2D = _row(("prompt", "chosen", "rejected", "chosen_segments", "rejected_se
                 {"prompt": _text, "chosen": _text, "rejected": _text,
                  "chosen_segments": st.lists(_segment, max_size=3),
                  "rejected_segments": st.lists(_segment, max_size=3)})
+_message = st.fixed_dictionaries({
+    "role": st.one_of(st.sampled_from(["system", "user", "assistant"]), _values),
+    "content": st.one_of(_text, _values)})
+_context = st.one_of(st.lists(_message, max_size=4),
+                     st.just([{"role": "user", "content": "Hi"}]))
+_feedback = st.lists(st.one_of(st.just("The response is mostly helpful."), _text), max_size=3)
+HS3_PREFERENCE = _row(("context", "response1", "response2", "overall_preference",
+                       "individual_preference", "domain"),
+                      {"context": _context, "response1": _text, "response2": _text,
+                       "overall_preference": st.integers(-4, 4), "domain": _text,
+                       "individual_preference": st.lists(st.fixed_dictionaries(
+                           {"score": st.integers(-3, 3), "reasoning": _text}), max_size=2)})
+HS3_FEEDBACK = _row(("context", "response1", "response2", "feedback1", "feedback2"),
+                    {"context": _context, "response1": _text, "response2": _text,
+                     "feedback1": _feedback, "feedback2": _feedback})
+HS3_PRINCIPLE = _row(("context", "response", "principle", "fulfilment"),
+                     {"context": _context, "response": _text, "principle": _text,
+                      "fulfilment": st.sampled_from(["Yes", "No", " Yes", "maybe"])})
 _garbage_line = st.one_of(st.just('{"prompt": "trunc'), st.just("[1, 2]"), st.just("null"),
                           st.just("[" * 5000), st.text(max_size=30))
 
@@ -105,6 +123,10 @@ READERS = {
     "rewardbench": (REWARDBENCH, lambda p, mode, rep: preference.read_rewardbench(
         p, on_bad_record=mode, report=rep)),
     "pairs_2d": (PAIRS_2D, lambda p, mode, rep: pairs.read_2d(p, on_bad_record=mode, report=rep)),
+    **{f"hs3_{config}": (strategy, lambda p, mode, rep, config=config: helpsteer3.read_helpsteer3(
+        p, config, on_bad_record=mode, report=rep)) for config, strategy in (
+            ("preference", HS3_PREFERENCE), ("feedback", HS3_FEEDBACK),
+            ("principle", HS3_PRINCIPLE))},
 }
 
 

@@ -63,7 +63,10 @@ def get_config(preset: str = ""):
   # at the end of training refuses it); True needs --config.train.export_hf=False.
   config.head_bias = False
   config.eval_batch_size = 16  # rows per batch of the final evaluation's scoring
-  config.data = config_base.data_config()
+  # format: regression's rows (auto | helpsteer | steerlm | tfds); the BT losses'
+  # pairs: auto (HelpSteer2-Preference) or helpsteer3 (its preference config, where
+  # domains / languages keep the listed ones, comma-separated; "" = all).
+  config.data = config_base.data_config(domains="", languages="")
   config.init = init_config()
   if preset in ("", "demo"):
     return _demo(config)

@@ -42,7 +42,10 @@ def get_config(preset: str = ""):
       preference_path="",       # HelpSteer2 preference file or directory
       preference_split="validation",  # rows of this `split` ("" = all)
       rewardbench_path="",      # RewardBench file (prompt, chosen, rejected, subset)
-      rewardbench_split="filtered")
+      rewardbench_split="filtered",
+      helpsteer3_path="",       # HelpSteer3 directory (preference/<split>.jsonl.gz) or file
+      helpsteer3_split="validation",
+      domains="", languages="")  # HelpSteer3's rows of these (comma-separated; "" = all)
   for key in ("truncation", "add_bos", "packing"):  # the scorer's (scorer.truncation, ...)
     del config.data[key]
   config.scorer = scorer_section(source=ATTRIBUTE_MODEL_RUN)

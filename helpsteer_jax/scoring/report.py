@@ -37,17 +37,23 @@ def pairs_table(title: str, result: dict) -> str:
 
 
 def variants_table(variants: dict[str, dict]) -> str:
-  """One row per variant: its reward, HelpSteer2-Preference pairwise accuracy and the
-  RewardBench sections (and their mean, Score) present, as a Markdown table."""
+  """One row per variant: its reward, the HelpSteer2-Preference (and, where evaluated,
+  HelpSteer3-Preference) pairwise accuracy and the RewardBench sections (and their mean,
+  Score) present, as a Markdown table."""
   sections = [name for name in (*REWARDBENCH_SECTIONS, "Score")
               if any(name in v.get("rewardbench", {}).get("sections", {})
                      for v in variants.values())]
-  head = ["variant", "reward", "HelpSteer2-Preference", *(f"RB {s}" for s in sections)]
+  pair_sets = [("helpsteer2_preference", "HelpSteer2-Preference")] + [
+      ("helpsteer3_preference", "HelpSteer3-Preference")] * any(
+          "helpsteer3_preference" in v for v in variants.values())
+  head = ["variant", "reward", *(title for _, title in pair_sets),
+          *(f"RB {s}" for s in sections)]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for name, v in variants.items():
-    pairs = v.get("helpsteer2_preference", {}).get("accuracy", float("nan"))
+    accuracy = [v.get(key, {}).get("accuracy", float("nan")) for key, _ in pair_sets]
     rb = v.get("rewardbench", {}).get("sections", {})
-    cells = [name, v["reward"], _fmt(pairs), *(_fmt(rb.get(s, float("nan"))) for s in sections)]
+    cells = [name, v["reward"], *map(_fmt, accuracy),
+             *(_fmt(rb.get(s, float("nan"))) for s in sections)]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
 

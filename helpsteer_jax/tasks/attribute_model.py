@@ -3,8 +3,9 @@
 `loss=regression`: HelpSteer / HelpSteer2 rows (or labelled SteerLM
 conversations; the demo data by default) in NeMo's regression format, masked
 MSE on the nine attribute slots. `loss=regular_bt|margin_bt|scaled_bt`:
-HelpSteer2-Preference pairs (ties dropped), reward = the `bt_attribute`
-slot. Trains with the shared loop, then scores the validation set and
+HelpSteer2-Preference pairs, or HelpSteer3's preference config with
+`data.format=helpsteer3` (ties dropped; strength |preference|), reward = the
+`bt_attribute` slot. Trains with the shared loop, then scores the validation set and
 writes `head.npz`, `summary.json` and the metrics table, and (`train.export_hf`)
 the model as an HF *ForSequenceClassification directory in `<workdir>/hf`.
 """
@@ -21,7 +22,7 @@ from helpsteer_jax import processes, runtime, weights
 from helpsteer_jax.data.batches import BT_BATCH, REGRESSION_BATCH, BatchSchema
 from helpsteer_jax.data.features import regression_ids as rid
 from helpsteer_jax.data.features import rm as rm_data
-from helpsteer_jax.data.formats import preference
+from helpsteer_jax.data.formats import helpsteer3, preference
 from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.formats.task_source import load_conversations
 from helpsteer_jax.data.records import ATTRIBUTES
@@ -41,6 +42,7 @@ from helpsteer_jax.train import abstract_step, export, loop
 from helpsteer_jax.train import state as state_lib
 
 LOSSES = ("regression",) + BT_VARIANTS
+PAIR_FORMATS = ("auto", "helpsteer3")  # auto: HelpSteer2-Preference
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
@@ -51,6 +53,16 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     raise ConfigError(f"bt_attribute={config.bt_attribute!r}; choose one of {ATTRIBUTES}")
   if config.head_bias and config.train.export_hf:
     raise ConfigError(f"head_bias=True: {reward_hf.BIAS_REFUSED}")
+  if config.loss in BT_VARIANTS and config.data.format not in PAIR_FORMATS:
+    raise ConfigError(f"data.format={config.data.format!r} with loss={config.loss}: the"
+                      " Bradley-Terry losses read HelpSteer2-Preference pairs (auto) or"
+                      " HelpSteer3's preference config (helpsteer3)")
+  if config.loss == "regression" and config.data.format == "helpsteer3":
+    raise ConfigError("data.format=helpsteer3 holds preferences, not attribute labels: use a"
+                      " Bradley-Terry loss (--config.loss=scaled_bt)")
+  if (config.data.domains or config.data.languages) and config.data.format != "helpsteer3":
+    raise ConfigError("data.domains / data.languages filter HelpSteer3 rows: set"
+                      " --config.data.format=helpsteer3 or clear them")
   if config.loss in BT_VARIANTS and config.data.packing:
     raise ConfigError(f"loss={config.loss} puts a preference pair in one row: set"
                       " --config.data.packing=False")
@@ -64,8 +76,14 @@ def check_config(config: ml_collections.ConfigDict) -> None:
 
 
 def _read_pairs(source: str, split: str, config) -> list[preference.PreferencePair]:
-  report = BadRecordReport()
-  pairs = preference.read_helpsteer2_preference(source, split, config.data.on_bad_record, report)
+  report, data = BadRecordReport(), config.data
+  if data.format == "helpsteer3":
+    pairs = helpsteer3.read_preference_pairs(
+        source, split, domains=helpsteer3.filter_list(data.domains),
+        languages=helpsteer3.filter_list(data.languages), on_bad_record=data.on_bad_record,
+        report=report)
+  else:
+    pairs = preference.read_helpsteer2_preference(source, split, data.on_bad_record, report)
   if report.total:
     logging.warning("%s (%s): %s", source, split, report.summary())
   return pairs

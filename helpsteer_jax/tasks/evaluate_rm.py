@@ -3,7 +3,8 @@
 The attribute model (any `config.scorer` source) on a labelled validation
 file (HelpSteer / HelpSteer2 rows or labelled SteerLM conversations): MSE,
 MAE, Pearson r and rounded accuracy per attribute, and a predicted-vs-true
-figure. On HelpSteer2-Preference pairs and RewardBench files: pairwise
+figure. On HelpSteer2-Preference pairs, HelpSteer3's preference config
+(`data.helpsteer3_path`; its subsets are the domains) and RewardBench files: pairwise
 accuracy with reward = predicted attributes . `scorer.weights`, per subset
 and per RewardBench section.
 Writes `rm_report.json` and `rm_attributes.png` to the workdir and prints
@@ -32,7 +33,7 @@ import numpy as np
 from absl import logging
 
 from helpsteer_jax import multihost, processes
-from helpsteer_jax.data.formats import helpsteer, preference
+from helpsteer_jax.data.formats import helpsteer, helpsteer3, preference
 from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
@@ -86,11 +87,15 @@ def parse_variants(spec: str) -> list[Variant]:
   return variants
 
 
+# The pair sets, in the report's order (each scored by evaluate_pairs).
+PAIR_SETS = ("helpsteer2_preference", "helpsteer3_preference", "rewardbench")
+
+
 def _sources(config, workdir: pathlib.Path) -> tuple[str, str, str]:
   data = config.data
   validation, pairs = data.validation_path, data.preference_path
   rewardbench = data.rewardbench_path
-  if not (validation or pairs or rewardbench):  # the demo rows and pairs
+  if not (validation or pairs or rewardbench or data.helpsteer3_path):  # the demo's
     validation = demo_sources.helpsteer_sources(config, workdir)[1]
     pairs = demo_sources.preference_sources(config, workdir)[1]
     rewardbench = demo_sources.rewardbench_source(config, workdir)
@@ -101,7 +106,7 @@ def evaluate_variants(config, rt, variants: list[Variant], sets: dict,
                       weights: np.ndarray) -> dict:
   """{variant: {source, reward, <pair set>: evaluate_pairs' result}}, one model loaded at
   a time."""
-  names = [n for n in ("helpsteer2_preference", "rewardbench") if n in sets]
+  names = [n for n in PAIR_SETS if n in sets]
   total = len(variants) * sum(2 * sum(p.strength != 0 for p in sets[n]) for n in names)
   progress = Progress(total=total, initial=0, desc="evaluate_rm variants")
   out = {}
@@ -137,6 +142,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if pairs_path:
     sets["helpsteer2_preference"] = preference.read_helpsteer2_preference(
         pairs_path, data.preference_split or None, data.on_bad_record, bad)
+  if data.helpsteer3_path:  # per-domain accuracy in by_subset
+    sets["helpsteer3_preference"] = helpsteer3.read_preference_pairs(
+        data.helpsteer3_path, data.helpsteer3_split, on_bad_record=data.on_bad_record,
+        report=bad, domains=helpsteer3.filter_list(data.domains),
+        languages=helpsteer3.filter_list(data.languages))
   if rewardbench_path:
     sets["rewardbench"] = preference.read_rewardbench(
         rewardbench_path, data.rewardbench_split, data.on_bad_record, bad)
@@ -163,7 +173,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       if processes.is_primary():
         rm_report.plot_attributes(result["predictions"], result["labels"],
                                   workdir / "rm_attributes.png", result["metrics"])
-    for name in ("helpsteer2_preference", "rewardbench"):
+    for name in PAIR_SETS:
       if name in sets:
         report[name] = rm_eval.evaluate_pairs(scorer, sets[name], weights, progress.update)
         tables.append(rm_report.pairs_table(name, report[name]))
