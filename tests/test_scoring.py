@@ -147,3 +147,33 @@ def test_no_compile_after_warm_up_whatever_the_lengths(model_scorer):
   assert counter.count == 0
   too_long = Conversation("s", (Turn("User", "q"), Turn("Assistant", "w " * 400)))
   assert np.isnan(scorer([too_long, CONV])[0]).all()  # does not fit max_len after truncation
+
+
+def test_reward_rows_put_a_scalar_reward_in_the_reward_slot():
+  from helpsteer_jax.scoring.scorer import REWARD_SLOT, reward_rows
+  out = reward_rows([2.5, np.nan, -100.0])
+  assert out.shape == (3, len(ATTRIBUTES)) and out.dtype == np.float32
+  slot = ATTRIBUTES.index(REWARD_SLOT)
+  np.testing.assert_array_equal(out[[0, 2], slot], [2.5, -100.0])
+  assert np.isnan(out[1]).all()
+  np.testing.assert_array_equal(np.delete(out[[0, 2]], slot, axis=1), 0.0)
+  weights = {name: float(name == REWARD_SLOT) for name in ATTRIBUTES}
+  np.testing.assert_array_equal(rewards.rewards(out[[0, 2]], weights), [2.5, -100.0])
+
+
+def test_context_groups_are_runs_of_answers_to_the_same_context():
+  from helpsteer_jax.inference import steering
+  from helpsteer_jax.scoring.scorer import context_groups
+  a = steering.make_request("What is 2 + 2?", {})
+  b = steering.make_request("Name a colour.", {})
+  convs = [a.answered("4"), a.answered("four"), b.answered("red"), a.answered("5")]
+  assert context_groups(convs) == [[0, 1], [2], [3]]
+  assert context_groups([]) == []
+
+
+def test_a_requests_reference_travels_to_the_scored_conversation():
+  from helpsteer_jax.inference import steering
+  ref = {"scores": [3, 4], "ranking": 4}
+  req = steering.make_request("Judge these.", {}, extra={"reference": ref, "id": 7})
+  assert req.answered("\\boxed{3, 4} \\boxed{4}").reference == ref
+  assert steering.make_request("Plain.", {}).answered("x").reference is None

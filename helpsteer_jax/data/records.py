@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from typing import Any, Mapping
 
 # NeMo-Aligner's ALL_STEERLM_ATTRIBUTES: OpenAssistant's four, then HelpSteer's five.
 ATTRIBUTES = ("quality", "toxicity", "humor", "creativity", "helpfulness",
@@ -40,13 +40,17 @@ class Conversation:
   `mask_role` is NeMo's "mask": the role whose turns carry no loss.
   `attributes` are the scores of the last assistant turn (HelpSteer rows, and
   SteerLM rows whose last turn is a labelled assistant turn), else None.
-  `source` is "path:line" for messages.
+  `source` is "path:line" for messages. `reference` is what a rule-based reward
+  checks the last answer against (a judge prompt's human labels: a GenRM's scores
+  and ranking, a principle's truth), else None; it is the prompt row's `reference`
+  field and travels to the scorer with the answered conversation.
   """
   system: str
   turns: tuple[Turn, ...]
   mask_role: str = "User"
   attributes: Mapping[str, int] | None = None
   source: str = ""
+  reference: Mapping[str, Any] | None = None
 
   def answered(self, response: str) -> Conversation:
     """This conversation with `response` as its last (assistant, unlabelled) turn: what

@@ -110,8 +110,11 @@ class Request:
     return all(row.get(k) == v for k, v in request.output_row("").items() if k != "response")
 
   def answered(self, response: str) -> Conversation:
-    """The conversation with `response` as its last (assistant) turn."""
-    return self.conversation.answered(response)
+    """The conversation with `response` as its last (assistant) turn, carrying the row's
+    `reference` (what a rule-based reward checks the answer against), if any."""
+    conv = self.conversation.answered(response)
+    reference = self.extra.get("reference")
+    return dataclasses.replace(conv, reference=reference) if reference is not None else conv
 
 
 def make_request(prompt: str, attributes: Mapping[str, int],

@@ -14,6 +14,13 @@ say). How the work is shared is the scorer's business:
 - `PrimaryScorer` wraps a remote one (a server's attribute model): process
   0 alone asks, and every process gets the answer.
 
+A source with one scalar reward (a Bradley-Terry model, a generative judge, a
+rule-based verifier) writes it in the `REWARD_SLOT` column and 0 in the others
+(`reward_rows`), so that `scorer.weights.helpfulness=1` (the others 0) reads it, as a
+Bradley-Terry model's `bt_attribute` slot is read. A pairwise judge compares the
+responses of a group: consecutive conversations that answer the same context
+(`context_groups`), as RL's K completions of a prompt arrive.
+
 `local_rows` counts the conversations this process scored (a collective
 report of the split, `multihost.report_split`). `predict` scores a long list
 in calls of `chunk` conversations, with a progress callback.
@@ -30,6 +37,33 @@ from helpsteer_jax.data.records import ATTRIBUTES, NUM_ATTRIBUTES, Conversation
 from helpsteer_jax.errors import ConfigError
 
 ScoreFn = Callable[[Sequence[Conversation]], Any]  # conversations -> [n, 9]
+REWARD_SLOT = "helpfulness"  # where a one-reward source writes its reward
+
+
+def reward_rows(reward: Sequence[float] | np.ndarray) -> np.ndarray:
+  """[n] scalar rewards as [n, 9] float32 predictions: each in the `REWARD_SLOT` column,
+  0 in the others; a NaN reward (not scored) gives a row of NaN."""
+  reward = np.asarray(reward, np.float32).reshape(-1)
+  out = np.zeros((len(reward), NUM_ATTRIBUTES), np.float32)
+  out[:, ATTRIBUTES.index(REWARD_SLOT)] = reward
+  out[np.isnan(reward)] = np.nan
+  return out
+
+
+def context_groups(convs: Sequence[Conversation]) -> list[list[int]]:
+  """Indices of the runs of consecutive conversations that answer the same context (the
+  same system prompt and turns before the last): the groups a pairwise judge compares
+  within."""
+  groups: list[list[int]] = []
+  last = None
+  for i, conv in enumerate(convs):
+    key = (conv.system, conv.turns[:-1])
+    if groups and key == last:
+      groups[-1].append(i)
+    else:
+      groups.append([i])
+    last = key
+  return groups
 
 
 class Scorer(Protocol):
