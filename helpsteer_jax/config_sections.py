@@ -205,7 +205,14 @@ def scorer_section(**overrides) -> ml_collections.ConfigDict:
       max_len=4096,     # longest input in tokens (the largest compiled length)
       truncation="truncate_left",  # or "drop": a longer input is not scored (NaN)
       add_bos=True,
-      weights=ml_collections.ConfigDict(helpsteer2_weights())))
+      weights=ml_collections.ConfigDict(helpsteer2_weights()),
+      # A generative judge as the source instead of an attribute model: "genrm" (pairwise
+      # \boxed{} scores and ranking) or "principle" (Final Judgement: Yes / No); its
+      # source is a causal LM (an HF directory or a run) or a server's base URL.
+      judge="",
+      judge_max_new_tokens=512,  # a judge's answer, in tokens
+      aggregation="mean_score",  # a GenRM's judgements in a group -> rewards ("win_count")
+      principle=""))             # a principle RM's principle where a row names none
   for key, value in overrides.items():
     section[key] = value
   return section
