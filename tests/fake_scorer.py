@@ -75,3 +75,19 @@ def make_binary(scorer_config):
     return out
 
   return scorer
+
+
+def make_numeric(scorer_config):
+  """Helpfulness = the number a response starts with ("2.5 because ..."), so a test sets
+  each reward by hand; a response starting "unscored" gives a row of NaN (not scored)."""
+  def scorer(convs):
+    out = np.zeros((len(convs), len(ATTRIBUTES)), np.float32)
+    for i, conv in enumerate(convs):
+      head = conv.turns[-1].text.split(maxsplit=1)[0]
+      if head == "unscored":
+        out[i] = np.nan
+      else:
+        out[i, 4] = float(head)
+    return out
+
+  return scorer

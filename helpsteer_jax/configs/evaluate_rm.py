@@ -1,4 +1,4 @@
-"""Reward-model evaluation: attribute metrics, HelpSteer2-Preference and RewardBench accuracy.
+"""Reward-model evaluation: attribute metrics, pairwise accuracy and the RM benchmarks.
 
   helpsteer-jax --config=configs/attribute_model.py      # train the demo RM
   helpsteer-jax --config=configs/evaluate_rm.py          # evaluate it (demo data)
@@ -7,7 +7,10 @@
       --config.scorer.tokenizer=/models/Meta-Llama-3-70B \
       --config.data.validation_path=/data/HelpSteer2 \
       --config.data.preference_path=/data/HelpSteer2 \
-      --config.data.rewardbench_path=/data/reward-bench/filtered.parquet
+      --config.data.rewardbench_path=/data/reward-bench/filtered.parquet \
+      --config.data.rm_bench_path=/data/RM-Bench/data/total_dataset.json \
+      --config.data.judgebench_path=/data/judgebench_gpt-4o.jsonl \
+      --config.data.rewardbench2_path=/data/reward-bench-2/data/test-00000-of-00001.parquet
 
 `scorer.source` is the attribute model evaluated: an attribute_model workdir or
 its HF export (or any scorer source: a server URL, package.module:function).
@@ -45,7 +48,11 @@ def get_config(preset: str = ""):
       rewardbench_split="filtered",
       helpsteer3_path="",       # HelpSteer3 directory (preference/<split>.jsonl.gz) or file
       helpsteer3_split="validation",
-      domains="", languages="")  # HelpSteer3's rows of these (comma-separated; "" = all)
+      domains="", languages="",  # HelpSteer3's rows of these (comma-separated; "" = all)
+      rm_bench_path="",         # RM-Bench's total_dataset.json (a JSON list) or JSONL
+      judgebench_path="",       # a JudgeBench data/dataset=judgebench,*.jsonl file
+      rewardbench2_path="",     # RewardBench 2 parquet / JSONL file, directory or hub id
+      rewardbench2_split="test")
   for key in ("truncation", "add_bos", "packing"):  # the scorer's (scorer.truncation, ...)
     del config.data[key]
   config.scorer = scorer_section(source=ATTRIBUTE_MODEL_RUN)

@@ -36,24 +36,63 @@ def pairs_table(title: str, result: dict) -> str:
   return "\n".join(lines)
 
 
+def rm_bench_table(result: dict) -> str:
+  """RM-Bench's hard / normal / easy / average per domain and overall."""
+  lines = ["| RM-Bench | n | hard | normal | easy | average |", "|---|---|---|---|---|---|",
+           f"| all | {result['count']} | {_fmt(result['hard'])} | {_fmt(result['normal'])} |"
+           f" {_fmt(result['easy'])} | {_fmt(result['overall'])} |"]
+  for domain, m in result["by_domain"].items():
+    lines.append(f"| {domain} | {m['count']} | {_fmt(m['hard'])} | {_fmt(m['normal'])} |"
+                 f" {_fmt(m['easy'])} | {_fmt(m['average'])} |")
+  return "\n".join(lines)
+
+
+def grouped_table(title: str, result: dict, figure: str, groups: str) -> str:
+  """`result[figure]` overall and per group (`result[groups]`) as a Markdown table:
+  JudgeBench's accuracy per category, RewardBench 2's score per subset."""
+  lines = [f"| {title} | n | {figure} |", "|---|---|---|",
+           f"| all | {result['count']} | {_fmt(result[figure])} |"]
+  for name, m in result[groups].items():
+    lines.append(f"| {name} | {m['count']} | {_fmt(m[figure])} |")
+  return "\n".join(lines)
+
+
+_BENCHMARK_TABLES = {
+    "rm_bench": rm_bench_table,
+    "judgebench": lambda r: grouped_table("JudgeBench", r, "accuracy", "by_category"),
+    "rewardbench2": lambda r: grouped_table("RewardBench 2", r, "score", "by_subset")}
+# A benchmark's column in the variants table: (title, its headline figure's result key)
+_HEADLINES = {"rm_bench": ("RM-Bench", "overall"), "judgebench": ("JudgeBench", "accuracy"),
+              "rewardbench2": ("RewardBench 2", "score")}
+
+
+def set_table(name: str, result: dict) -> str:
+  """The table of one evaluated set: a benchmark's own, else pairwise accuracy."""
+  return _BENCHMARK_TABLES[name](result) if name in _BENCHMARK_TABLES else pairs_table(
+      name, result)
+
+
 def variants_table(variants: dict[str, dict]) -> str:
   """One row per variant: its reward, the HelpSteer2-Preference (and, where evaluated,
-  HelpSteer3-Preference) pairwise accuracy and the RewardBench sections (and their mean,
-  Score) present, as a Markdown table."""
+  HelpSteer3-Preference) pairwise accuracy, the RewardBench sections (and their mean,
+  Score) present and the benchmarks' headline figures (RM-Bench overall, JudgeBench
+  accuracy, RewardBench 2 score) where evaluated, as a Markdown table."""
   sections = [name for name in (*REWARDBENCH_SECTIONS, "Score")
               if any(name in v.get("rewardbench", {}).get("sections", {})
                      for v in variants.values())]
   pair_sets = [("helpsteer2_preference", "HelpSteer2-Preference")] + [
       ("helpsteer3_preference", "HelpSteer3-Preference")] * any(
           "helpsteer3_preference" in v for v in variants.values())
+  benchmarks = [name for name in _HEADLINES if any(name in v for v in variants.values())]
   head = ["variant", "reward", *(title for _, title in pair_sets),
-          *(f"RB {s}" for s in sections)]
+          *(f"RB {s}" for s in sections), *(_HEADLINES[b][0] for b in benchmarks)]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for name, v in variants.items():
     accuracy = [v.get(key, {}).get("accuracy", float("nan")) for key, _ in pair_sets]
     rb = v.get("rewardbench", {}).get("sections", {})
     cells = [name, v["reward"], *map(_fmt, accuracy),
-             *(_fmt(rb.get(s, float("nan"))) for s in sections)]
+             *(_fmt(rb.get(s, float("nan"))) for s in sections),
+             *(_fmt(v.get(b, {}).get(_HEADLINES[b][1], float("nan"))) for b in benchmarks)]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
 

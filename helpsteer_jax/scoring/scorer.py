@@ -129,3 +129,38 @@ def predict(convs: Sequence[Conversation], scorer: Scorer,
     if on_batch is not None:
       on_batch(len(batch))
   return np.concatenate(out)
+
+
+def predict_groups(groups: Sequence[Sequence[Conversation]], scorer: Scorer,
+                   on_batch: Callable[[int], None] | None = None,
+                   chunk: int = 512) -> list[np.ndarray]:
+  """Each group's [len(group), 9] predictions (NaN: not scored), on every process.
+
+  Each group holds the responses to one context. A scorer call holds whole groups (up to
+  `chunk` conversations, or one larger group), and no two adjacent groups of a call
+  answer the same context, so every group is one of the call's `context_groups`: what a
+  pairwise judge compares within. `on_batch(k)` after each call.
+  """
+  calls: list[list[int]] = []
+  size, last = 0, None
+  for i, group in enumerate(groups):
+    key = (group[0].system, group[0].turns[:-1])
+    if calls and (key == last or size + len(group) > chunk):
+      calls.append([])
+      size = 0
+    if not calls:
+      calls.append([])
+    calls[-1].append(i)
+    size += len(group)
+    last = key
+  out: list[np.ndarray] = [np.zeros((0, NUM_ATTRIBUTES), np.float32)] * len(groups)
+  for call in calls:
+    convs = [c for i in call for c in groups[i]]
+    preds = checked(scorer(convs), len(convs))
+    start = 0
+    for i in call:
+      out[i] = preds[start:start + len(groups[i])]
+      start += len(groups[i])
+    if on_batch is not None:
+      on_batch(len(convs))
+  return out

@@ -6,7 +6,10 @@ MAE, Pearson r and rounded accuracy per attribute, and a predicted-vs-true
 figure. On HelpSteer2-Preference pairs, HelpSteer3's preference config
 (`data.helpsteer3_path`; its subsets are the domains) and RewardBench files: pairwise
 accuracy with reward = predicted attributes . `scorer.weights`, per subset
-and per RewardBench section.
+and per RewardBench section. The reward-model benchmarks (`data.rm_bench_path`,
+`data.judgebench_path`, `data.rewardbench2_path`): RM-Bench's hard / normal / easy
+accuracy per domain, JudgeBench's double-judged accuracy per category and RewardBench
+2's best-of-n and Ties scores per subset (`scoring.benchmarks`), with the same reward.
 Writes `rm_report.json` and `rm_attributes.png` to the workdir and prints
 the tables.
 
@@ -33,7 +36,7 @@ import numpy as np
 from absl import logging
 
 from helpsteer_jax import multihost, processes
-from helpsteer_jax.data.formats import helpsteer, helpsteer3, preference
+from helpsteer_jax.data.formats import benchmarks, helpsteer, helpsteer3, preference
 from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
@@ -44,6 +47,7 @@ from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.scoring import evaluate as rm_eval
 from helpsteer_jax.scoring import report as rm_report
 from helpsteer_jax.scoring import rewards
+from helpsteer_jax.scoring.benchmarks import BENCHMARKS
 from helpsteer_jax.scoring.load import check_source, load_scorer
 
 
@@ -87,15 +91,31 @@ def parse_variants(spec: str) -> list[Variant]:
   return variants
 
 
-# The pair sets, in the report's order (each scored by evaluate_pairs).
+# The pair sets, in the report's order (each scored by evaluate_pairs), then the
+# benchmarks (each scored by its BENCHMARKS entry).
 PAIR_SETS = ("helpsteer2_preference", "helpsteer3_preference", "rewardbench")
+SCORED_SETS = (*PAIR_SETS, *BENCHMARKS)
+
+
+def _size(name: str, rows) -> int:
+  """The conversations scoring a set takes (the progress bar's count)."""
+  if name in BENCHMARKS:
+    return BENCHMARKS[name].size(rows)
+  return len(rows) if name == "attributes" else 2 * sum(p.strength != 0 for p in rows)
+
+
+def _evaluate(name: str, scorer, rows, weights: np.ndarray, on_batch) -> dict:
+  if name in BENCHMARKS:
+    return BENCHMARKS[name].evaluate(scorer, rows, weights, on_batch)
+  return rm_eval.evaluate_pairs(scorer, rows, weights, on_batch)
 
 
 def _sources(config, workdir: pathlib.Path) -> tuple[str, str, str]:
   data = config.data
   validation, pairs = data.validation_path, data.preference_path
   rewardbench = data.rewardbench_path
-  if not (validation or pairs or rewardbench or data.helpsteer3_path):  # the demo's
+  if not (validation or pairs or rewardbench or data.helpsteer3_path or data.rm_bench_path
+          or data.judgebench_path or data.rewardbench2_path):  # the demo's
     validation = demo_sources.helpsteer_sources(config, workdir)[1]
     pairs = demo_sources.preference_sources(config, workdir)[1]
     rewardbench = demo_sources.rewardbench_source(config, workdir)
@@ -106,8 +126,8 @@ def evaluate_variants(config, rt, variants: list[Variant], sets: dict,
                       weights: np.ndarray) -> dict:
   """{variant: {source, reward, <pair set>: evaluate_pairs' result}}, one model loaded at
   a time."""
-  names = [n for n in PAIR_SETS if n in sets]
-  total = len(variants) * sum(2 * sum(p.strength != 0 for p in sets[n]) for n in names)
+  names = [n for n in SCORED_SETS if n in sets]
+  total = len(variants) * sum(_size(n, sets[n]) for n in names)
   progress = Progress(total=total, initial=0, desc="evaluate_rm variants")
   out = {}
   try:
@@ -120,8 +140,7 @@ def evaluate_variants(config, rt, variants: list[Variant], sets: dict,
                            "reward": variant.attribute or "scorer.weights",
                            "reward_weights": w.tolist()}
       for name in names:
-        out[variant.name][name] = rm_eval.evaluate_pairs(scorer, sets[name], w,
-                                                         progress.update)
+        out[variant.name][name] = _evaluate(name, scorer, sets[name], w, progress.update)
       del scorer
   finally:
     progress.close()
@@ -150,6 +169,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if rewardbench_path:
     sets["rewardbench"] = preference.read_rewardbench(
         rewardbench_path, data.rewardbench_split, data.on_bad_record, bad)
+  if data.rm_bench_path:
+    sets["rm_bench"] = benchmarks.read_rm_bench(data.rm_bench_path, data.on_bad_record, bad)
+  if data.judgebench_path:
+    sets["judgebench"] = benchmarks.read_judgebench(data.judgebench_path, data.on_bad_record,
+                                                    bad)
+  if data.rewardbench2_path:
+    sets["rewardbench2"] = benchmarks.read_rewardbench2(
+        data.rewardbench2_path, data.rewardbench2_split, data.on_bad_record, bad)
   _warn(bad, "evaluation data")
   if variants:
     report = {"variants": evaluate_variants(config, setup.rt, variants, sets, weights),
@@ -159,8 +186,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     return report
 
   scorer = load_scorer(config.scorer, setup.rt)
-  total = sum(len(v) if k == "attributes" else 2 * sum(p.strength != 0 for p in v)
-              for k, v in sets.items())
+  total = sum(_size(k, v) for k, v in sets.items())
   progress = Progress(total=total, initial=0, desc="evaluate_rm")
   report = {"reward_weights": weights.tolist(), "bad_records": bad.total}
   tables = []
@@ -173,10 +199,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       if processes.is_primary():
         rm_report.plot_attributes(result["predictions"], result["labels"],
                                   workdir / "rm_attributes.png", result["metrics"])
-    for name in PAIR_SETS:
+    for name in SCORED_SETS:
       if name in sets:
-        report[name] = rm_eval.evaluate_pairs(scorer, sets[name], weights, progress.update)
-        tables.append(rm_report.pairs_table(name, report[name]))
+        report[name] = _evaluate(name, scorer, sets[name], weights, progress.update)
+        tables.append(rm_report.set_table(name, report[name]))
   finally:
     progress.close()
   multihost.report_split("evaluate_rm: sequences scored", scorer.local_rows)

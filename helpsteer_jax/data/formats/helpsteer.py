@@ -27,6 +27,7 @@ from helpsteer_jax.data.formats.rows import (
   required,
   required_text,
   resolve_source,
+  row_numbered,
 )
 from helpsteer_jax.data.records import (
   HELPSTEER_ATTRIBUTES,
@@ -163,7 +164,7 @@ def read_records(source: str | os.PathLike, split: str = "train", fmt: str = "au
   if kind == "hub":
     location = f"{location} [{split}]"
   checked = iter_checked_rows(rows, location, _CONVERTERS[fmt], on_bad_record, report,
-                              by_row=kind != "jsonl")
+                              by_row=row_numbered(kind))
   return [conv for _, conv in checked]
 
 

@@ -36,6 +36,7 @@ from helpsteer_jax.data.formats.rows import (
   required,
   required_text,
   resolve_source,
+  row_numbered,
 )
 from helpsteer_jax.data.records import Conversation, Turn
 from helpsteer_jax.errors import ConfigError
@@ -236,7 +237,7 @@ def read_helpsteer3(source: str | os.PathLike, config: str, split: str = "train"
     path = os.path.join(path, config)
   kind, location = resolve_source(path, split)
   checked = iter_checked_rows(iter_rows(kind, location, split), location, READERS[config],
-                              on_bad_record, report, by_row=kind != "jsonl")
+                              on_bad_record, report, by_row=row_numbered(kind))
   return [record for _, record in checked
           if (not domains or record.context.domain in domains)
           and (not languages or record.context.language in languages)]

@@ -47,6 +47,7 @@ from helpsteer_jax.data.formats.rows import (
   required,
   required_text,
   resolve_source,
+  row_numbered,
 )
 from helpsteer_jax.data.records import ASPECTS_2D
 from helpsteer_jax.errors import ConfigError, DataError
@@ -243,7 +244,7 @@ def read_plain_pairs(source: str | os.PathLike, split: str = "train", on_bad_rec
   if "response" in first and "chosen" not in first:
     return _pairs_from_ratings(rows, location, on_bad_record, report)
   return [p for _, p in iter_checked_rows(rows, location, _plain_row, on_bad_record,
-                                                  report, by_row=kind != "jsonl")]
+                                                  report, by_row=row_numbered(kind))]
 
 
 def _pairs_from_ratings(rows, location, on_bad_record, report) -> list[PlainPair]:

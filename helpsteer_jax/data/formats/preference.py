@@ -20,9 +20,7 @@ import numpy as np
 from helpsteer_jax.data.formats.rows import (
   BadRecord,
   BadRecordReport,
-  check_on_bad_record,
-  iter_checked_rows,
-  iter_rows,
+  read_checked,
   required_text,
   resolve_source,
 )
@@ -48,7 +46,9 @@ class PreferencePair:
   source: str = ""
 
 
-def _with_response(prompt: str, response: str, source: str) -> Conversation:
+def with_response(prompt: str, response: str, source: str) -> Conversation:
+  """A prompt (HelpSteer2's multi-turn markers split into turns, a plain string one user
+  turn) answered by `response`, under the default system prompt."""
   turns = (*split_helpsteer_prompt(prompt), Turn("Assistant", response))
   return Conversation(system=DEFAULT_SYSTEM, turns=turns, source=source)
 
@@ -74,8 +74,8 @@ def helpsteer2_pair(row: Mapping, where: str) -> PreferencePair:
   strength = _strength(row)
   chosen, rejected = (one, two) if strength <= 0 else (two, one)
   split = row.get("split") if isinstance(row.get("split"), str) else ""
-  return PreferencePair(_with_response(prompt, chosen, where),
-                        _with_response(prompt, rejected, where),
+  return PreferencePair(with_response(prompt, chosen, where),
+                        with_response(prompt, rejected, where),
                         strength=abs(strength), subset=split, source=where)
 
 
@@ -85,8 +85,8 @@ def rewardbench_pair(row: Mapping, where: str) -> PreferencePair:
     raise BadRecord("not a JSON object", type(row).__name__)
   prompt, subset = required_text(row, "prompt"), required_text(row, "subset")
   chosen, rejected = required_text(row, "chosen"), required_text(row, "rejected")
-  return PreferencePair(_with_response(prompt, chosen, where),
-                        _with_response(prompt, rejected, where), strength=1,
+  return PreferencePair(with_response(prompt, chosen, where),
+                        with_response(prompt, rejected, where), strength=1,
                         subset=subset, source=where)
 
 
@@ -99,17 +99,6 @@ def _resolve_preference(source: str | os.PathLike, split: str) -> tuple[str, str
   return resolve_source(path, split)
 
 
-def _read_pairs(kind: str, location: str, split: str, check, on_bad_record: str,
-                report: BadRecordReport | None) -> list[PreferencePair]:
-  check_on_bad_record(on_bad_record)
-  rows = iter_rows(kind, location, split)
-  if kind == "hub":
-    location = f"{location} [{split}]"
-  checked = iter_checked_rows(rows, location, check, on_bad_record, report,
-                              by_row=kind != "jsonl")
-  return [pair for _, pair in checked]
-
-
 def read_helpsteer2_preference(source: str | os.PathLike, split: str | None = None,
                                on_bad_record: str = "error",
                                report: BadRecordReport | None = None) -> list[PreferencePair]:
@@ -120,7 +109,7 @@ def read_helpsteer2_preference(source: str | os.PathLike, split: str | None = No
   them, evaluation does not count them.
   """
   kind, location = _resolve_preference(source, split or "train")
-  pairs = _read_pairs(kind, location, split or "train", helpsteer2_pair, on_bad_record, report)
+  pairs = read_checked(kind, location, split or "train", helpsteer2_pair, on_bad_record, report)
   if split:
     pairs = [p for p in pairs if p.subset in ("", split)]
   return pairs
@@ -131,4 +120,4 @@ def read_rewardbench(source: str | os.PathLike, split: str = "filtered",
                      report: BadRecordReport | None = None) -> list[PreferencePair]:
   """Pairs from a RewardBench file (jsonl / parquet) or directory (`{split}.*`)."""
   kind, location = resolve_source(source, split)
-  return _read_pairs(kind, location, split, rewardbench_pair, on_bad_record, report)
+  return read_checked(kind, location, split, rewardbench_pair, on_bad_record, report)

@@ -1,6 +1,7 @@
 """File rows and bad-row handling shared by every reader in `data.formats`.
 
-A source is a file (`.jsonl`, `.jsonl.gz`, `.parquet`), a directory holding
+A source is a file (`.jsonl`, `.jsonl.gz`, `.parquet`, or `.json` / `.json.gz` holding
+one JSON list of rows, as RM-Bench ships), a directory holding
 `{split}.jsonl.gz`, `{split}.jsonl` or `{split}.parquet` (HelpSteer and
 HelpSteer2 as the hub ships them), or a hub id such as `nvidia/HelpSteer2`
 that is not a local path (loaded with `datasets.load_dataset`).
@@ -9,7 +10,8 @@ Bad rows raise `DataError(path, line, reason)` (`on_bad_record="error"`) or
 are skipped and counted by reason in a `BadRecordReport` ("skip"; a warning
 with the summary is logged too, so none is dropped silently). Line numbers
 are 1-based; for parquet files and hub datasets they are row numbers
-(row index + 1), and messages say "row N".
+(row index + 1), and messages say "row N"; in a JSON list a row's line is the line its
+object starts on.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ T = TypeVar("T")
 BAD_RECORD_MODES = ("error", "skip")
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
+_JSON_SUFFIXES = (".json", ".json.gz")
 
 
 class BadRecordReport:
@@ -116,6 +119,44 @@ def iter_json_lines(path: str | os.PathLike) -> Iterator[tuple[int, dict | Excep
                     f" line(s)): {e}; download it again") from e
 
 
+def iter_json_list(path: str | os.PathLike) -> Iterator[tuple[int, dict | Exception]]:
+  """(line its object starts on, object) for each element of a file holding one JSON list
+  (.json / .json.gz); an element that is not an object yields a TypeError. A file that is
+  not one JSON list raises DataError naming the line where it stops parsing."""
+  path = os.fspath(path)
+  opener = gzip.open if path.endswith(".gz") else open
+  try:
+    with opener(path, "rb") as f:
+      text = f.read().decode("utf-8")
+  except (EOFError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError) as e:
+    raise DataError(path, None, f"unreadable JSON file: {e}") from e
+  decoder = json.JSONDecoder()
+  space = re.compile(r"\s*")
+  pos, line, counted = space.match(text).end(), 1, 0
+
+  def line_at(i: int) -> int:
+    nonlocal line, counted
+    line += text.count("\n", counted, i)
+    counted = i
+    return line
+
+  if not text.startswith("[", pos):
+    raise DataError(path, line_at(pos), "expected a JSON list of rows ('[' first)")
+  pos = space.match(text, pos + 1).end()
+  while not text.startswith("]", pos):
+    try:
+      obj, end = decoder.raw_decode(text, pos)
+    except (ValueError, RecursionError) as e:
+      raise DataError(path, line_at(pos), f"malformed JSON in the list: {e}") from None
+    yield line_at(pos), (obj if isinstance(obj, dict) else
+                         TypeError(f"expected a JSON object, got {type(obj).__name__}"))
+    pos = space.match(text, end).end()
+    if text.startswith(",", pos):
+      pos = space.match(text, pos + 1).end()
+    elif not text.startswith("]", pos):
+      raise DataError(path, line_at(pos), "malformed JSON list: expected ',' or ']'")
+
+
 def _iter_parquet(path: str) -> Iterator[tuple[int, dict]]:
   import pyarrow as pa
   import pyarrow.parquet as pq
@@ -148,11 +189,14 @@ def _file_kind(path: str) -> str:
     return "jsonl"
   if path.endswith(".parquet"):
     return "parquet"
-  raise ConfigError(f"{path}: unsupported file type; use .jsonl, .jsonl.gz or .parquet")
+  if path.endswith(_JSON_SUFFIXES):
+    return "json"
+  raise ConfigError(f"{path}: unsupported file type; use .jsonl, .jsonl.gz, .parquet or"
+                    " .json (a list of rows)")
 
 
 def resolve_source(source: str | os.PathLike, split: str = "train") -> tuple[str, str]:
-  """(kind, location): kind is "jsonl", "parquet" or "hub"."""
+  """(kind, location): kind is "jsonl", "json", "parquet" or "hub"."""
   path = os.path.expanduser(os.fspath(source))
   if os.path.isdir(path):
     names = (f"{split}.jsonl.gz", f"{split}.jsonl", f"{split}.parquet")
@@ -172,10 +216,30 @@ def resolve_source(source: str | os.PathLike, split: str = "train") -> tuple[str
                     " such as nvidia/HelpSteer2)")
 
 
+def row_numbered(kind: str) -> bool:
+  """Whether a source kind's positions are row numbers (parquet, hub), not file lines."""
+  return kind in ("parquet", "hub")
+
+
+def read_checked(kind: str, location: str, split: str, check: Callable[[Any, str], T],
+                 on_bad_record: str = "error", report: BadRecordReport | None = None
+                 ) -> list[T]:
+  """check(row, "location:line") for every good row of a resolved source (see
+  resolve_source); bad rows per on_bad_record (iter_checked_rows)."""
+  check_on_bad_record(on_bad_record)
+  rows = iter_rows(kind, location, split)
+  if kind == "hub":
+    location = f"{location} [{split}]"
+  return [item for _, item in iter_checked_rows(rows, location, check, on_bad_record, report,
+                                                by_row=row_numbered(kind))]
+
+
 def iter_rows(kind: str, location: str, split: str = "train") -> Iterator[tuple[int, Any]]:
   """(line or row number, row) from a resolved source (see resolve_source)."""
   if kind == "jsonl":
     return iter_json_lines(location)
+  if kind == "json":
+    return iter_json_list(location)
   if kind == "parquet":
     return _iter_parquet(location)
   return _iter_hub(location, split)

@@ -78,7 +78,7 @@ class HelpSteer2(tfds.core.GeneratorBasedBuilder):
     checked = rows.iter_checked_rows(
         rows.iter_rows(kind, location, split), location,
         lambda row, where: helpsteer.helpsteer_fields(row),
-        self._on_bad_record, self.bad_records, by_row=kind != "jsonl")
+        self._on_bad_record, self.bad_records, by_row=rows.row_numbered(kind))
     for line, (prompt, response, scores) in checked:
       yield line, {"prompt": prompt, "response": response, **scores}
 
