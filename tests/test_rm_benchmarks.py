@@ -469,7 +469,7 @@ def test_evaluate_rm_variants_report_the_benchmarks(benchmark_files, tmp_path, c
   cfg.variants = "numbers=fake_scorer:make_numeric@helpfulness,weighted=fake_scorer:make_numeric"
   report = evaluate_rm.run(cfg, str(tmp_path / "eval"))
   table = capsys.readouterr().out
-  assert "| RM-Bench | JudgeBench | RewardBench 2 |" in table
+  assert "| variant | reward | RM-Bench | JudgeBench | RewardBench 2 |" in table
   numbers = report["variants"]["numbers"]
   assert numbers["rm_bench"] == report["variants"]["weighted"]["rm_bench"]
   assert numbers["rm_bench"]["overall"] == pytest.approx(

@@ -73,16 +73,17 @@ def set_table(name: str, result: dict) -> str:
 
 
 def variants_table(variants: dict[str, dict]) -> str:
-  """One row per variant: its reward, the HelpSteer2-Preference (and, where evaluated,
-  HelpSteer3-Preference) pairwise accuracy, the RewardBench sections (and their mean,
-  Score) present and the benchmarks' headline figures (RM-Bench overall, JudgeBench
-  accuracy, RewardBench 2 score) where evaluated, as a Markdown table."""
+  """One row per variant: its reward, the HelpSteer2- and HelpSteer3-Preference pairwise
+  accuracy, the RewardBench sections (and their mean, Score) and the benchmarks'
+  headline figures (RM-Bench overall, JudgeBench accuracy, RewardBench 2 score), each
+  where evaluated, as a Markdown table."""
   sections = [name for name in (*REWARDBENCH_SECTIONS, "Score")
               if any(name in v.get("rewardbench", {}).get("sections", {})
                      for v in variants.values())]
-  pair_sets = [("helpsteer2_preference", "HelpSteer2-Preference")] + [
-      ("helpsteer3_preference", "HelpSteer3-Preference")] * any(
-          "helpsteer3_preference" in v for v in variants.values())
+  pair_sets = [(key, title) for key, title in (
+      ("helpsteer2_preference", "HelpSteer2-Preference"),
+      ("helpsteer3_preference", "HelpSteer3-Preference"))
+               if any(key in v for v in variants.values())]
   benchmarks = [name for name in _HEADLINES if any(name in v for v in variants.values())]
   head = ["variant", "reward", *(title for _, title in pair_sets),
           *(f"RB {s}" for s in sections), *(_HEADLINES[b][0] for b in benchmarks)]
