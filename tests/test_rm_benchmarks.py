@@ -19,11 +19,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from helpsteer_jax.data.formats import benchmarks as readers
+from helpsteer_jax.data.formats.preference import with_response
 from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import DataError
 from helpsteer_jax.scoring import benchmarks
-from helpsteer_jax.scoring.scorer import HostScorer, context_groups
+from helpsteer_jax.scoring.scorer import HostScorer, context_groups, predict_groups
 from helpsteer_jax.tasks import evaluate_rm
 
 import fake_scorer
@@ -38,6 +39,25 @@ def numeric_scorer() -> HostScorer:
 
 def _say(reward, text: str = "answer") -> str:
   return f"{reward} {text}"
+
+
+def test_predict_groups_keeps_each_group_one_context_group_of_its_call():
+  """Whole groups per call (up to `chunk` conversations, a larger group alone), a new call
+  where two neighbours answer the same prompt; each group's rows come back in place."""
+  sizes, prompts = (2, 2, 2, 6, 1, 2), ("p", "q", "q", "r", "s", "t")
+  groups = [[with_response(p, f"{i + k} r", "x") for k in range(n)]
+            for i, (n, p) in enumerate(zip(sizes, prompts))]
+  calls = []
+
+  def record(convs):
+    calls.append([len(g) for g in context_groups(convs)])
+    return fake_scorer.make_numeric(None)(convs)
+
+  out = predict_groups(groups, HostScorer(record), chunk=5)
+  assert calls == [[2, 2], [2], [6], [1, 2]]
+  for i, (group, preds) in enumerate(zip(groups, out)):
+    assert preds[:, ATTRIBUTES.index("helpfulness")].tolist() == [i + k for k in range(
+        len(group))]
 
 
 # ---------------------------------------------------------------- RM-Bench
