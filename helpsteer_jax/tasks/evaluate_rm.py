@@ -124,7 +124,7 @@ def _sources(config, workdir: pathlib.Path) -> tuple[str, str, str]:
 
 def evaluate_variants(config, rt, variants: list[Variant], sets: dict,
                       weights: np.ndarray) -> dict:
-  """{variant: {source, reward, <pair set>: evaluate_pairs' result}}, one model loaded at
+  """{variant: {source, reward, <set>: its pair or benchmark result}}, one model loaded at
   a time."""
   names = [n for n in SCORED_SETS if n in sets]
   total = len(variants) * sum(_size(n, sets[n]) for n in names)
