@@ -81,6 +81,7 @@ def _independent(model, tok, conv) -> float:
 def test_the_reward_is_the_judges_verdict_log_ratio(judge_dir):
   source, model = judge_dir
   scorer = load.load_scorer(_section(source), _rt())
+  scorer.warm_up()
   got = scorer(CONVS)
   tok = hf.load_tokenizer(str(source))
   expected = [_independent(model, tok, c) for c in CONVS[:3]]

@@ -108,6 +108,12 @@ class LocalJudge:
                           add_bos=self.add_bos).ids.tolist()
     return ids + list(self.tokens.prefix)
 
+  def warm_up(self) -> None:
+    """Compiles the program of every length bucket (a server then compiles nothing)."""
+    for length in self.buckets:
+      frozen_pass.FrozenPass.fetch([self._pass.dispatch(
+          (self.params,), pad_batch([], self.batch_size, length))])
+
   def verdicts(self, convs: Sequence[Conversation]) -> np.ndarray:
     """[n, 2] float64 (log p(yes), log p(no)); NaN rows for inputs over `max_len`."""
     seqs = [self.ids(c) for c in convs]
