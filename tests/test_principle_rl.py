@@ -149,3 +149,9 @@ def test_the_verifier_needs_on_policy_single_turn_rollouts(tmp_path):
   config = _config(tmp_path / "hs3", **{"rollout.multi_turn": True})
   with pytest.raises(ConfigError, match="multi_turn=false"):
     task.run(config, str(tmp_path / "run"))
+
+
+def test_a_compile_only_run_holds_no_attribute_model_for_the_verifier():
+  from helpsteer_jax.rl import resident
+  assert not resident.scorer_on_mesh("principle_verifier")
+  assert resident.scorer_on_mesh("workdir/attribute_model")
