@@ -39,14 +39,13 @@ PENALTY = -50.0  # NeMo-RL's training reward for a missing token or judgement
 TRUTH_KEY = "fulfilment"  # the reference's truth, as HelpSteer3's principle field
 PRINCIPLE_KEY = "principle"  # the reference's principle
 _VERDICT = re.compile(re.escape(JUDGEMENT) + r"[ \t]*(Yes|No)\b")
-_ROLES = {"User": "User", "Assistant": "Assistant"}
 
 
 def transcript(conv: Conversation) -> str:
   """The conversation's turns as "Role: text" paragraphs (its system prompt first, as
   "System: ...", when it has one)."""
   parts = [f"System: {conv.system}"] if conv.system else []
-  parts += [f"{_ROLES.get(t.role, t.role)}: {t.text}" for t in conv.turns]
+  parts += [f"{t.role}: {t.text}" for t in conv.turns]
   return "\n\n".join(parts)
 
 
@@ -107,7 +106,8 @@ def judgement_position(ids: Sequence[int], decode: Callable[[Sequence[int]], str
   """The index in `ids` (an answer's tokens) of the verdict token: the one that writes
   the first character after the last `Final Judgement:` and its verdict's shared prefix
   (" Yes" / " No" themselves in a judge's tokenizer). None when the answer (`text`,
-  default `decode(ids)`) has no judgement."""
+  default `decode(ids)`) has no judgement. A binary search over the decoded prefixes'
+  lengths: O(log T) decodes."""
   text = decode(ids) if text is None else text
   offset = judgement_offset(text)
   if offset is None:

@@ -129,8 +129,9 @@ def check_source(source: str, key: str = "scorer.source") -> str:
 
 
 def principle_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime | None,
-                     source: str, key: str) -> Scorer:
-  """A principle judge at `source`: a server's URL, else a causal LM on `rt`'s mesh."""
+                     source: str, key: str, tokenizer_dir: str = "") -> Scorer:
+  """A principle judge at `source`: a server's URL, else a causal LM on `rt`'s mesh (its
+  tokenizer `tokenizer_dir`, else its source's)."""
   if remote.is_url(source):
     return PrimaryScorer(principle_judge.HttpJudge(source, str(section.principle),
                                                    int(section.batch_size)))
@@ -140,7 +141,7 @@ def principle_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime | N
   config = ml_collections.ConfigDict(dict(model=section.model.copy_and_resolve_references(),
                                           init=init, seed=0))
   tokenizer = hf.load_tokenizer(runtime.find_tokenizer(
-      section.tokenizer, weights.hf_dir(init), weights.orbax_run(init),
+      tokenizer_dir, weights.hf_dir(init), weights.orbax_run(init),
       key=key.rsplit(".", 1)[0] + ".tokenizer"))
   model = loader.load_model(config, rt, loader.DECODE)
   runtime.check_tokenizer_fits(tokenizer, model.cfg.vocab_size,
@@ -165,7 +166,7 @@ def load_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime | None,
                           float(section.principle_coef))
   source = check_source(str(section.source or ""), key)
   if section.get("judge") == principle_judge.JUDGE:
-    return principle_scorer(section, rt, source, key)
+    return principle_scorer(section, rt, source, key, str(section.tokenizer))
   if source == VERIFIER:
     if tokenizer is None:
       raise ConfigError(f"{key}={VERIFIER} reads the policy's own log-probabilities of its"
