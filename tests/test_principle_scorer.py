@@ -143,3 +143,32 @@ def test_the_attribute_model_and_the_judge_as_one_reward(judge_dir):
   np.testing.assert_array_equal(got[:3], expected[:3])
   assert np.isnan(got[3, SLOT]) and np.array_equal(got[3, :SLOT], a[3, :SLOT])
   assert combined.local_rows > 0
+
+
+def test_the_judge_scores_the_input_rl_principle_trains_it_on(tmp_path):
+  """A HelpSteer3 principle row's RL prompt (rl:principle) followed by `Final Judgement:`
+  is exactly the judge's input for that response and principle."""
+  import gzip
+
+  from helpsteer_jax.config_sections import DEFAULT_SYSTEM
+  from helpsteer_jax.data.formats import helpsteer3
+  from helpsteer_jax.runs import prompts as prompts_lib
+
+  from train_utils import task_config
+  row = {"domain": "general", "language": "english", "response": "Snow falls soft.",
+         "context": [{"role": "user", "content": "A haiku on rain?"},
+                     {"role": "assistant", "content": "Rain taps."},
+                     {"role": "user", "content": "And snow?"}],
+         "principle": PRINCIPLE, "fulfilment": "Yes"}
+  path = tmp_path / "principle.jsonl.gz"
+  with gzip.open(path, "wt") as f:
+    f.write(json.dumps(row) + "\n")
+  config = task_config("rl", preset="principle")
+  config.prompts.train_path = str(path)
+  (request,) = prompts_lib.read_requests("", "train", {}, config)
+  (record,) = helpsteer3.read_helpsteer3(path, "principle")
+  answered = record.context.answered(record.response)
+  policy_side = Conversation(DEFAULT_SYSTEM, answered.turns)  # as a policy's rollout
+  expected = request.prompt_text() + principle.JUDGEMENT
+  assert principle_judge.judge_text(policy_side, PRINCIPLE) == expected
+  assert principle_judge.judge_text(answered, "another principle") != expected
