@@ -212,7 +212,14 @@ def scorer_section(**overrides) -> ml_collections.ConfigDict:
       judge="",
       judge_max_new_tokens=512,  # a judge's answer, in tokens
       aggregation="mean_score",  # a GenRM's judgements in a group -> rewards ("win_count")
-      principle=""))             # a principle RM's principle where a row names none
+      principle="",              # a principle RM's principle where a row names none
+      # principle_verifier (rl:principle): the training reward when a verdict token is not
+      # in the top 20 or the answer has no judgement (NeMo-RL's)
+      penalty=-50.0,
+      # The attribute model (source) and a principle judge as one reward: the judge's
+      # reward times principle_coef added to the helpfulness column; its causal LM (an
+      # HF directory or a run) or a server's base URL ("" = no judge)
+      principle_source="", principle_coef=1.0))
   for key, value in overrides.items():
     section[key] = value
   return section

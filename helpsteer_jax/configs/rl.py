@@ -27,7 +27,9 @@ the batch in optimizer steps of `train.global_batch` completions.
 
 Presets: the default (the demo AC-SFT run's tiny policy, demo prompts),
 `smollm2_135m`, `llama3_8b`, `llama3_70b` (HelpSteer2's PPO settings: lr 1e-7,
-KL 3e-3, the 0.65/0.8/0.45 reward).
+KL 3e-3, the 0.65/0.8/0.45 reward), `principle` (RLBFF's principle judge trained by
+GRPO on HelpSteer3's principle rows, `prompts.train_path` their directory: see
+docs/tasks/principle_rm.md).
 """
 
 import ml_collections
@@ -45,7 +47,7 @@ from helpsteer_jax.config_sections import (
   train_config,
 )
 
-PRESETS = ("demo", "smollm2_135m", "llama3_8b", "llama3_70b")
+PRESETS = ("demo", "smollm2_135m", "llama3_8b", "llama3_70b", "principle")
 RENAMED = config_base.MODEL_RENAMED
 # HelpSteer2's PPO reward (arXiv 2406.08673): helpfulness, correctness and coherence only.
 PPO_WEIGHTS = {"helpfulness": 0.65, "correctness": 0.8, "coherence": 0.45, "complexity": 0.0,
@@ -63,7 +65,11 @@ def _prompts():
       demo_train_prompts=1024,
       # Steerable attributes drawn at random per prompt (0..4) instead of the run's values,
       # e.g. "complexity,verbosity": RL then sees (and the steering reward scores) many.
-      sample_attributes=""))
+      sample_attributes="",
+      # "helpsteer3_principle": the paths hold HelpSteer3's principle config, each row the
+      # principle judge's prompt with its truth as the reference (rl:principle); "" above
+      format="",
+      domains="", languages=""))  # helpsteer3_principle: comma-separated filters
 
 
 def _rollout():
@@ -161,6 +167,21 @@ def _demo(config):
   return config
 
 
+def _principle(config):
+  """RLBFF's principle judge trained by GRPO: HelpSteer3's principle rows as prompts, the
+  judge's own signed log p(" Yes") - log p(" No") as the reward, unnormalised."""
+  config.algorithm = "grpo"
+  config.prompts.format = "helpsteer3_principle"
+  config.scorer.source = "principle_verifier"
+  for name in config.scorer.weights:
+    config.scorer.weights[name] = 1.0 if name == "helpfulness" else 0.0
+  config.reward.normalize = "none"
+  # A judge prompt holds a conversation, a response and a principle: longer rows
+  config.train.seq_len = 1024
+  config.rollout.max_new_tokens = 128
+  return config
+
+
 def _big(config, preset, *, lr, kl, tensor=1):
   config.model = config_base.model_section(preset, dtype="bfloat16", param_dtype="float32",
                                           remat_policy="full")
@@ -199,6 +220,8 @@ def get_config(preset: str = ""):
     return _demo(config)
   if preset == "smollm2_135m":
     return _big(config, "smollm2_135m", lr=1e-6, kl=0.05)
+  if preset == "principle":
+    return _principle(_demo(config))
   if preset == "llama3_8b":
     return _big(config, preset, lr=1e-7, kl=3e-3)
   if preset == "llama3_70b":

@@ -18,6 +18,9 @@ ROLES = ("User", "Assistant")
 MIN_SCORE, MAX_SCORE = 0, 4
 IGNORE_LABEL = -100.0  # a missing attribute (NeMo-Aligner's convention)
 CHOSEN, REJECTED = 1, 2  # a BT pair row's `pair` marks at each response's last token
+# The reference key under which the sampling path adds the engine's output that answered
+# the conversation (its token ids and the policy's raw top log-probs at each token)
+ANSWER_KEY = "answer"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +46,9 @@ class Conversation:
   `source` is "path:line" for messages. `reference` is what a rule-based reward
   checks the last answer against (a judge prompt's human labels: a GenRM's scores
   and ranking, a principle's truth), else None; it is the prompt row's `reference`
-  field and travels to the scorer with the answered conversation.
+  field and travels to the scorer with the answered conversation; when the engine
+  answered it, the reference also holds that output under `ANSWER_KEY` (a judge's
+  training reward reads the policy's own log-probabilities of its verdict there).
   """
   system: str
   turns: tuple[Turn, ...]

@@ -57,11 +57,13 @@ def sample_and_score(engine: Engine, prompts: Sequence[Sequence[int]],
   if on_sampled is not None:
     on_sampled(outputs)
   responses = [steering.response_text(o.text, o.finish_reason) for o in outputs]
-  return Scored(outputs, responses, score(responses, requests, n, scorer))
+  return Scored(outputs, responses, score(responses, requests, n, scorer, outputs))
 
 
 def score(responses: Sequence[str], requests: Sequence[steering.Request], n: int,
-          scorer: Scorer) -> np.ndarray:
+          scorer: Scorer, outputs: Sequence[Output] | None = None) -> np.ndarray:
   """[P * n, 9] predictions of `responses` (prompt-major), each the answer to its prompt's
-  request."""
-  return predict([requests[b // n].answered(r) for b, r in enumerate(responses)], scorer)
+  request; a request with a reference carries the engine's output (`outputs` [P * n])
+  that wrote its response."""
+  return predict([requests[b // n].answered(r, None if outputs is None else outputs[b])
+                  for b, r in enumerate(responses)], scorer)

@@ -27,7 +27,12 @@ from helpsteer_jax.data import template
 from helpsteer_jax.data.chat_template import NEMO_DEFAULTS, SteerSpec
 from helpsteer_jax.data.features import tokenize
 from helpsteer_jax.data.formats.rows import iter_json_lines
-from helpsteer_jax.data.records import ATTRIBUTES, HELPSTEER_ATTRIBUTES, Conversation
+from helpsteer_jax.data.records import (
+  ANSWER_KEY,
+  ATTRIBUTES,
+  HELPSTEER_ATTRIBUTES,
+  Conversation,
+)
 from helpsteer_jax.errors import ConfigError, DataError
 
 ATTRIBUTE_SETS = {"all": ATTRIBUTES, "helpsteer": HELPSTEER_ATTRIBUTES}
@@ -109,12 +114,17 @@ class Request:
     fields; a `resume` match)."""
     return all(row.get(k) == v for k, v in request.output_row("").items() if k != "response")
 
-  def answered(self, response: str) -> Conversation:
+  def answered(self, response: str, output: Any = None) -> Conversation:
     """The conversation with `response` as its last (assistant) turn, carrying the row's
-    `reference` (what a rule-based reward checks the answer against), if any."""
+    `reference` (what a rule-based reward checks the answer against), if any, with the
+    engine's `output` that wrote the response under `records.ANSWER_KEY`."""
     conv = self.conversation.answered(response)
     reference = self.extra.get("reference")
-    return dataclasses.replace(conv, reference=reference) if reference is not None else conv
+    if reference is None:
+      return conv
+    if output is not None:
+      reference = {**reference, ANSWER_KEY: output}
+    return dataclasses.replace(conv, reference=reference)
 
 
 def make_request(prompt: str, attributes: Mapping[str, int],

@@ -1,7 +1,11 @@
 """The prompts an online task answers: a JSONL of `{"prompt", "attributes"?}` rows
 (HelpSteer2's rows included, each prompt once), a text file, or the demo's prompt
 generator; with the run's attribute values or random ones, tokenized, and those too
-long for a row left out (RL's rollouts, iterative DPO's rounds)."""
+long for a row left out (RL's rollouts, iterative DPO's rounds).
+
+`prompts.format=helpsteer3_principle` reads HelpSteer3's principle config instead: each
+row becomes the principle judge's prompt (`judges.principle.prompt_row`) with the human
+truth as its reference, and no attribute label (a judgement is not steered)."""
 
 from __future__ import annotations
 
@@ -12,17 +16,46 @@ import numpy as np
 from absl import logging
 
 from helpsteer_jax.data.demo import rows as demo_rows
+from helpsteer_jax.data.formats import helpsteer3
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import steering
+from helpsteer_jax.judges import principle
 from helpsteer_jax.rl import multiturn
 from helpsteer_jax.rl.rollout import Prompt
 
 DEMO_TRAIN_SEED = 20_000  # the demo generator's seed for RL prompts (not the held-out one)
+PRINCIPLE_FORMAT = "helpsteer3_principle"
+FORMATS = ("", PRINCIPLE_FORMAT)
+
+
+def principle_requests(config, which: str) -> list[steering.Request]:
+  """HelpSteer3 principle rows as judge prompts: the train prompts from
+  `prompts.train_path`, the eval ones from `prompts.eval_path` or else the same source,
+  split "validation" (a directory's; a file is read whole)."""
+  pc = config.prompts
+  path = pc.train_path if which == "train" else (pc.eval_path or pc.train_path)
+  if not path:
+    raise ConfigError(f"prompts.format={PRINCIPLE_FORMAT} reads HelpSteer3's principle"
+                      " config: set --config.prompts.train_path to the dataset's directory,"
+                      " its principle/ directory or a principle .jsonl(.gz) file")
+  records = helpsteer3.read_helpsteer3(
+      path, "principle", "train" if which == "train" else "validation",
+      domains=helpsteer3.filter_list(pc.domains), languages=helpsteer3.filter_list(pc.languages))
+  out = []
+  for r in records:
+    row = principle.prompt_row(r)
+    prompt = row.pop("prompt")
+    out.append(steering.make_request(prompt, {}, pc.system, row))
+  return out
 
 
 def read_requests(path: str, which: str, attributes: dict, config) -> list[steering.Request]:
   """The train or eval prompts (`path`, else the demo's), each prompt once."""
   pc = config.prompts
+  if pc.get("format", "") not in FORMATS:
+    raise ConfigError(f"prompts.format={pc.format!r}: one of {FORMATS}")
+  if pc.get("format", "") == PRINCIPLE_FORMAT:
+    return principle_requests(config, which)
   if path:
     requests = steering.read_requests(path, attributes, pc.system)
     seen, unique = set(), []

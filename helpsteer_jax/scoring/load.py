@@ -11,7 +11,11 @@
 - `demo_rules`: the demo data's own rules;
 - `package.module:function`: a user's factory, called with `config.scorer`,
   returning a function conversations -> [n, 9] (host-side: each process
-  scores its share).
+  scores its share);
+- with `scorer.judge=principle`: a principle judge (RLBFF), a causal LM or a server
+  (`principle_judge`); `principle_verifier`: the training reward of a principle judge
+  that RL trains (`principle_verifier`, given the policy's tokenizer); and with
+  `scorer.principle_source` set, the attribute model plus that judge (`combine`).
 
 Every one is a `scorer.Scorer`: called on every process with the same
 conversations, it returns the same [n, 9] predictions everywhere.
@@ -25,15 +29,17 @@ import pathlib
 
 import ml_collections
 
-from helpsteer_jax import config_base, runtime, saved_params
+from helpsteer_jax import config_base, runtime, saved_params, weights
 from helpsteer_jax.config_sections import init_config
 from helpsteer_jax.data.features.regression_ids import RegressionTokenizer
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.load import model as loader
 from helpsteer_jax.models import hf, reward_hf
 from helpsteer_jax.models.reward import RewardModel
-from helpsteer_jax.scoring import remote, rules
+from helpsteer_jax.scoring import principle_judge, remote, rules
+from helpsteer_jax.scoring.combine import CombinedScorer
 from helpsteer_jax.scoring.model import ModelScorer
+from helpsteer_jax.scoring.principle_verifier import VERIFIER, PrincipleVerifier
 from helpsteer_jax.scoring.scorer import HostScorer, PrimaryScorer, Scorer
 
 
@@ -112,7 +118,8 @@ def check_source(source: str, key: str = "scorer.source") -> str:
                       f" (http://127.0.0.1:8000/v1), {rules.DEMO_RULES}, or"
                       " package.module:function (a factory taking config.scorer and"
                       " returning a function conversations -> [n, 9] predictions)")
-  if (source != rules.DEMO_RULES and not remote.is_url(source) and not is_factory(source)
+  if (source not in (rules.DEMO_RULES, VERIFIER) and not remote.is_url(source)
+      and not is_factory(source)
       and not pathlib.Path(source).expanduser().exists()):
     raise ConfigError(f"{key}={source!r}: no such file or directory, URL or"
                       " package.module:function; give an attribute_model workdir or its HF"
@@ -121,10 +128,50 @@ def check_source(source: str, key: str = "scorer.source") -> str:
   return source
 
 
+def principle_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime | None,
+                     source: str, key: str, tokenizer_dir: str = "") -> Scorer:
+  """A principle judge at `source`: a server's URL, else a causal LM on `rt`'s mesh (its
+  tokenizer `tokenizer_dir`, else its source's)."""
+  if remote.is_url(source):
+    return PrimaryScorer(principle_judge.HttpJudge(source, str(section.principle),
+                                                   int(section.batch_size)))
+  if rt is None:
+    raise ValueError("a local principle judge needs the runtime's mesh")
+  init = init_config(source=source)
+  config = ml_collections.ConfigDict(dict(model=section.model.copy_and_resolve_references(),
+                                          init=init, seed=0))
+  tokenizer = hf.load_tokenizer(runtime.find_tokenizer(
+      tokenizer_dir, weights.hf_dir(init), weights.orbax_run(init),
+      key=key.rsplit(".", 1)[0] + ".tokenizer"))
+  model = loader.load_model(config, rt, loader.DECODE)
+  runtime.check_tokenizer_fits(tokenizer, model.cfg.vocab_size,
+                               "set --config.scorer.tokenizer to the judge's")
+  return principle_judge.LocalJudge(model, rt, tokenizer, batch_size=int(section.batch_size),
+                                    max_len=int(section.max_len),
+                                    add_bos=bool(section.add_bos),
+                                    principle_text=str(section.principle))
+
+
 def load_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime | None,
-                key: str = "scorer.source") -> Scorer:
-  """The scorer `section.source` names; `rt` (the mesh) is needed for a local model."""
+                key: str = "scorer.source", tokenizer=None) -> Scorer:
+  """The scorer `section.source` names; `rt` (the mesh) is needed for a local model,
+  `tokenizer` (the policy's) for `principle_verifier`."""
+  if section.get("principle_source"):
+    judge_key = key.rsplit(".", 1)[0] + ".principle_source"
+    judge = principle_scorer(section, rt, check_source(str(section.principle_source),
+                                                       judge_key), judge_key)
+    attribute = section.copy_and_resolve_references()
+    attribute.principle_source = ""
+    return CombinedScorer(load_scorer(attribute, rt, key, tokenizer), judge,
+                          float(section.principle_coef))
   source = check_source(str(section.source or ""), key)
+  if section.get("judge") == principle_judge.JUDGE:
+    return principle_scorer(section, rt, source, key, str(section.tokenizer))
+  if source == VERIFIER:
+    if tokenizer is None:
+      raise ConfigError(f"{key}={VERIFIER} reads the policy's own log-probabilities of its"
+                        " verdicts: only the rl task (rl:principle) can use it")
+    return HostScorer(PrincipleVerifier(tokenizer, float(section.penalty)))
   if source == rules.DEMO_RULES:
     return HostScorer(rules.demo_rule_scores)
   if remote.is_url(source):

@@ -35,6 +35,7 @@ from helpsteer_jax.runs import setup as setup_lib
 from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.scoring import rewards as scoring_rewards
 from helpsteer_jax.scoring.load import load_scorer
+from helpsteer_jax.scoring.principle_verifier import VERIFIER as PRINCIPLE_VERIFIER
 from helpsteer_jax.train import abstract_step, export
 
 
@@ -118,7 +119,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   spec = policy.source_spec(config)
   attributes = (steering.run_attributes(config, spec)
                 if spec.attributes or config.steer_attributes else {})
-  scorer = load_scorer(config.scorer, rt)
+  if config.scorer.source == PRINCIPLE_VERIFIER and (s.max_staleness or s.multi_turn):
+    raise ConfigError(f"scorer.source={PRINCIPLE_VERIFIER} reads each rollout's own"
+                      " log-probabilities of its verdict: set rollout.max_staleness=0 and"
+                      " rollout.multi_turn=false")
+  scorer = load_scorer(config.scorer, rt, tokenizer=tokenizer)
   weights = scoring_rewards.weight_vector(config.scorer.weights.to_dict())
   parts, fresh_adapters = policy.load_policy(config, rt)
   reference = _reference(config, s, parts, rt, fresh_adapters)

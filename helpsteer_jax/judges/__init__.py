@@ -1,0 +1,1 @@
+"""Generative judges: their prompts, answer parsers and rule-based rewards."""

@@ -1,0 +1,173 @@
+"""A principle judge (RLBFF) as a policy's reward: `scorer.judge=principle`.
+
+The reward of a response is log p(" Yes") - log p(" No") at the judge's verdict token
+for a principle: `scorer.principle`, or the principle in the conversation's reference.
+The judge's input is its prompt (`judges.principle.judge_prompt`: the conversation
+before the response as a transcript, the response, the principle) as the user turn of
+the SteerLM prompt format with no attribute label, the way `rl:principle` trains it,
+followed by its answer's opening `Final Judgement:` (and the verdicts' shared leading
+tokens, if the tokenizer has any): one forward pass per response, no reasoning first.
+RLBFF's judge reasons before judging and NeMo-RL lets it (up to 8192 tokens), but inside
+RL that is a long generation per completion per iteration; the forward pass makes the
+reward a deterministic function of the response at the price of the reasoning. Both
+log-probabilities are exact (the full vocabulary, not a top 20).
+
+- a path (an HF causal-LM directory or a run; `load.model.load_model(DECODE)`, shapes
+  from `scorer.model` / the run): `LocalJudge`, batched and sharded like the attribute
+  model (length buckets, `frozen_pass.FrozenPass`), the same rows on every process;
+- a server's base URL: `HttpJudge`, `POST <url>/completions` with `max_tokens=1` and
+  `logprobs=20` (the project's server and vLLM return the top alternatives by token
+  text); a verdict missing from them scores `MISSING_REWARD` (NeMo-RL's RLHF
+  environment's 0), asked by process 0 (`PrimaryScorer`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from helpsteer_jax import frozen_pass
+from helpsteer_jax import sharding as sharding_lib
+from helpsteer_jax.data import template
+from helpsteer_jax.data.features.tokenize import tokenize_pieces
+from helpsteer_jax.data.records import Conversation, Turn
+from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.judges import principle
+from helpsteer_jax.models import builder
+from helpsteer_jax.models.reward import last_token_index
+from helpsteer_jax.runtime import Runtime
+from helpsteer_jax.scoring.model import length_batches, length_buckets, pad_batch
+from helpsteer_jax.scoring.remote import API_KEY_ENV
+from helpsteer_jax.scoring.scorer import reward_rows
+
+JUDGE = "principle"  # scorer.judge
+MISSING_REWARD = 0.0  # a served judge's reward when a verdict is not in its top 20
+
+
+def judge_text(conv: Conversation, fallback: str) -> str:
+  """The judge's input for `conv` (ending in the response to judge), through its opening
+  `Final Judgement:`; the principle from the reference, else `fallback`."""
+  text = (conv.reference or {}).get(principle.PRINCIPLE_KEY) or fallback
+  if not text:
+    raise ConfigError(f"conversation {conv.source or ''} names no principle: set"
+                      " --config.scorer.principle (e.g. 'The response is accurate.') or"
+                      " give the prompt rows a reference with a principle")
+  *context, response = conv.turns
+  # The policy's default system prompt says nothing about the task: left out.
+  system = "" if conv.system == template.DEFAULT_SYSTEM else conv.system
+  request = principle.judge_prompt(Conversation(system, tuple(context)), response.text, text)
+  judge = Conversation(template.DEFAULT_SYSTEM, (Turn("User", request),))
+  return template.generation_prompt(judge, {}) + principle.JUDGEMENT
+
+
+class LocalJudge:
+  """A causal LM judge on the mesh: conversations -> [n, 9] reward rows (NaN: the input
+  is longer than `max_len`)."""
+
+  def __init__(self, model: nnx.Module, rt: Runtime, tokenizer: Any, *, batch_size: int,
+               max_len: int, add_bos: bool = True, principle_text: str = ""):
+    sharding_lib.check_batch(batch_size, rt.mesh, rt.rules, "the scoring batch")
+    self.tokenizer, self.add_bos, self.principle = tokenizer, add_bos, principle_text
+    self.tokens = principle.verdict_tokens(
+        lambda s: tokenizer(s, add_special_tokens=False)["input_ids"])
+    self.batch_size, self.buckets = int(batch_size), length_buckets(max_len)
+    self.local_rows = 0
+    self._host_rows = sharding_lib.host_local_batch_slice(batch_size)
+    self._lock = threading.Lock()
+    graphdef, self.params = nnx.split(model, nnx.Param)
+    shardings = builder.state_shardings(self.params, rt.mesh, rt.rules)
+    rules, pair = rt.rules, jnp.asarray([self.tokens.yes, self.tokens.no])
+
+    def verdicts(params, batch):
+      """[B, 2] fp32: log p(yes), log p(no) after each row's last real token."""
+      with sharding_lib.axis_rules(rules):
+        decoder = nnx.merge(graphdef, params)
+        hidden = decoder(batch["tokens"], batch["positions"], batch["segment_ids"])
+        last = last_token_index(batch["segment_ids"])
+        picked = jnp.take_along_axis(hidden, last[:, None, None], axis=1)
+        logp = jax.nn.log_softmax(decoder.logits(picked)[:, 0], axis=-1)
+        return logp[:, pair]
+
+    self._pass = frozen_pass.FrozenPass(
+        verdicts, rt.mesh, NamedSharding(rt.mesh, sharding_lib.batch_spec(rules)),
+        self.batch_size, (shardings,))
+
+  def ids(self, conv: Conversation) -> list[int]:
+    """The judge's input ids: its text as one call of the tokenizer (the prompt encoder's
+    rule), then the verdicts' shared leading ids."""
+    text = judge_text(conv, self.principle)
+    ids = tokenize_pieces([template.Piece(text, False)], self.tokenizer,
+                          add_bos=self.add_bos).ids.tolist()
+    return ids + list(self.tokens.prefix)
+
+  def warm_up(self) -> None:
+    """Compiles the program of every length bucket (a server then compiles nothing)."""
+    for length in self.buckets:
+      frozen_pass.FrozenPass.fetch([self._pass.dispatch(
+          (self.params,), pad_batch([], self.batch_size, length))])
+
+  def verdicts(self, convs: Sequence[Conversation]) -> np.ndarray:
+    """[n, 2] float64 (log p(yes), log p(no)); NaN rows for inputs over `max_len`."""
+    seqs = [self.ids(c) for c in convs]
+    out = np.full((len(convs), 2), np.nan)
+    kept = [i for i, s in enumerate(seqs) if len(s) <= self.buckets[-1]]
+    with self._lock:
+      for idx in length_batches([len(seqs[i]) for i in kept], self.batch_size):
+        rows = [kept[i] for i in idx]
+        length = next(b for b in self.buckets if b >= max(len(seqs[r]) for r in rows))
+        pending = self._pass.dispatch((self.params,),
+                                      pad_batch([seqs[r] for r in rows], len(rows), length))
+        out[rows] = frozen_pass.FrozenPass.fetch([pending])
+        self.local_rows += len(range(len(rows))[self._host_rows])
+    return out
+
+  def __call__(self, convs: Sequence[Conversation]) -> np.ndarray:
+    v = self.verdicts(convs)
+    return reward_rows(v[:, 0] - v[:, 1])
+
+
+class HttpJudge:
+  """A served judge over `/v1/completions`: conversations -> [n, 9] reward rows."""
+
+  def __init__(self, url: str, principle_text: str = "", batch_size: int = 64,
+               timeout: float = 600.0):
+    import httpx  # the serve extra: missing, it fails here rather than at the first call
+    self._httpx, self.principle = httpx, principle_text
+    key = os.environ.get(API_KEY_ENV, "")
+    self.url = str(url).rstrip("/") + "/completions"
+    self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+    self.batch_size, self.timeout = max(int(batch_size), 1), timeout
+
+  def __call__(self, convs: Sequence[Conversation]) -> np.ndarray:
+    texts = [judge_text(c, self.principle) for c in convs]
+    rewards = []
+    with self._httpx.Client(timeout=self.timeout, headers=self.headers) as client:
+      for lo in range(0, len(texts), self.batch_size):
+        rewards += self._post(client, texts[lo:lo + self.batch_size])
+    return reward_rows(rewards)
+
+  def _post(self, client, texts: list[str]) -> list[float]:
+    body = {"prompt": texts, "max_tokens": 1, "temperature": 0.0, "logprobs": 20}
+    response = client.post(self.url, json=body)
+    if response.status_code != 200:
+      raise ConfigError(f"the principle judge at {self.url} answered"
+                        f" {response.status_code}: {response.text[:500]}")
+    choices = sorted(response.json()["choices"], key=lambda c: c["index"])
+    return [served_reward((c.get("logprobs") or {}).get("top_logprobs") or [{}])
+            for c in choices]
+
+
+def served_reward(top_logprobs: list[dict]) -> float:
+  """log p(" Yes") - log p(" No") from a completion's first token's top alternatives
+  (token text -> log-prob), `MISSING_REWARD` when either is not among them."""
+  first = top_logprobs[0] or {}
+  yes, no = first.get(principle.YES, -math.inf), first.get(principle.NO, -math.inf)
+  return yes - no if math.isfinite(yes) and math.isfinite(no) else MISSING_REWARD
