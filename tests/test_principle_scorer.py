@@ -1,8 +1,10 @@
 """A principle judge (RLBFF) as a policy's reward (`scorer.judge=principle`): on a tiny
 random causal LM, the reward equals log p(" Yes") - log p(" No") after the judge's
-`Final Judgement:` from an independent forward pass of the same model (fp32, 1e-5); the
-served form's reading of `/v1/completions` top alternatives; and the attribute model
-plus the judge as one reward (`scorer.principle_source`)."""
+`Final Judgement:` from an independent forward pass of the same model (fp32, 1e-5),
+with no reasoning and after its own greedy reasoning (decoded here token by token by
+full forward passes); the served form's reading of `/v1/completions` top alternatives
+(and its reasoning request first); and the attribute model plus the judge as one reward
+(`scorer.principle_source`)."""
 
 import json
 import math
@@ -50,6 +52,7 @@ def judge_dir(tmp_path_factory):
 def _section(source, **kw):
   return scorer_section(**{"source": str(source), "judge": "principle",
                            "principle": PRINCIPLE, "batch_size": 8, "max_len": 512,
+                           "judge_max_new_tokens": 0,
                            "model": config_base.model_section("tiny", attention_block_size=32),
                            **kw})
 
@@ -66,11 +69,11 @@ CONVS = [
 ]
 
 
-def _independent(model, tok, conv) -> float:
-  """log p(yes) - log p(no) after the judge's input, from the model's own forward pass and
-  a NumPy log-softmax of its last position's logits."""
+def _independent(model, tok, conv, reasoning: str = "") -> float:
+  """log p(yes) - log p(no) after the judge's input (after `reasoning`), from the model's
+  own forward pass and a NumPy log-softmax of its last position's logits."""
   tokens = principle.verdict_tokens(lambda s: tok(s, add_special_tokens=False)["input_ids"])
-  text = principle_judge.judge_text(conv, PRINCIPLE)
+  text = principle_judge.judge_text(conv, PRINCIPLE, reasoning)
   ids = [tok.bos_token_id] + tok(text, add_special_tokens=False)["input_ids"] + list(tokens.prefix)
   logits = np.asarray(jax.jit(lambda m, x: m.logits(m(x)))(model, np.asarray([ids]))[0, -1],
                       np.float64)
@@ -94,6 +97,61 @@ def test_the_reward_is_the_judges_verdict_log_ratio(judge_dir):
   no_principle = load.load_scorer(_section(source, principle=""), _rt())
   with pytest.raises(ConfigError, match="scorer.principle"):
     no_principle(CONVS[:1])
+
+
+def _greedy(model, tok, prompt: str, budget: int, length: int = 512) -> str:
+  """The judge's greedy reasoning after `prompt`, a full forward pass per token (right
+  padded to `length`; causal, so the padding changes nothing before it): ended by an EOS
+  id, cut at the turn marker or at `Final Judgement:`, at most `budget` tokens."""
+  from helpsteer_jax.inference.generator import eos_ids
+  step = jax.jit(lambda m, x: m.logits(m(x)))
+  ids = [tok.bos_token_id] + tok(prompt, add_special_tokens=False)["input_ids"]
+  eos, new = eos_ids(tok, model.cfg.eos_token_id), []
+  for _ in range(budget):
+    x = np.zeros((1, length), np.int32)
+    x[0, :len(ids) + len(new)] = ids + new
+    token = int(np.argmax(np.asarray(step(model, x))[0, len(ids) + len(new) - 1]))
+    if token in eos:
+      break
+    new.append(token)
+    text = tok.decode(new, skip_special_tokens=False)
+    for stop in (principle.JUDGEMENT, "<extra_id_1>"):
+      if stop in text:
+        return text[:text.index(stop)]
+  return tok.decode(new, skip_special_tokens=False)
+
+
+def test_a_reasoning_judge_judges_after_its_own_greedy_reasoning(judge_dir):
+  from helpsteer_jax.inference.principle_reasoning import ReasoningJudge
+  source, model = judge_dir
+  scorer = load.load_scorer(_section(source, judge_max_new_tokens=12), _rt())
+  assert isinstance(scorer, ReasoningJudge)
+  got = scorer(CONVS)
+  tok = hf.load_tokenizer(str(source))
+  prompts = [principle_judge.judge_prompt_text(c, PRINCIPLE) for c in CONVS[:3]]
+  reasoning = [_greedy(model, tok, p, 12) for p in prompts]
+  assert scorer.reasoning(prompts) == reasoning and all(reasoning)
+  expected = [_independent(model, tok, c, r) for c, r in zip(CONVS[:3], reasoning)]
+  np.testing.assert_allclose(got[:3, SLOT], expected, rtol=0, atol=1e-5)
+  assert np.all(np.delete(got[:3], SLOT, axis=1) == 0)
+  assert np.isnan(got[3]).all()  # no room to reason, and too long to judge
+  one_pass = [_independent(model, tok, c) for c in CONVS[:3]]
+  assert np.abs(np.subtract(expected, one_pass)).min() > 1e-3  # the reasoning is read
+  with pytest.raises(ConfigError, match="judge_max_new_tokens=-1"):
+    load.load_scorer(_section(source, judge_max_new_tokens=-1), _rt())
+
+
+def test_the_judgement_follows_the_reasoning():
+  """A reasoning that ends its line (as a judge writes before its verdict) is followed by
+  `Final Judgement:` as written; one cut by the budget gets it on a new line."""
+  j = principle.JUDGEMENT
+  assert principle_judge.continued("") == j
+  assert principle_judge.continued("It rhymes.\n\n") == "It rhymes.\n\n" + j
+  assert principle_judge.continued("It rhymes. ") == "It rhymes. " + j
+  assert principle_judge.continued("The response is") == "The response is\n" + j
+  conv = CONVS[0]
+  assert principle_judge.judge_text(conv, PRINCIPLE) == (
+      principle_judge.judge_prompt_text(conv, PRINCIPLE) + j)
 
 
 def test_the_judges_input_ends_at_its_final_judgement():
@@ -127,6 +185,40 @@ def test_a_served_judge_reads_the_top_alternatives(monkeypatch):
   assert seen[0]["prompt"][0].endswith("Final Judgement:")
   assert principle_judge.served_reward([{}]) == principle_judge.MISSING_REWARD
   assert math.isclose(principle_judge.served_reward([{" Yes": -2.0, " No": -0.5}]), -1.5)
+
+
+def test_a_served_judge_reasons_with_a_first_request(monkeypatch):
+  """With judge_max_new_tokens: a greedy request stopped at `Final Judgement:` writes the
+  reasoning, then the one-token request reads the verdict after it."""
+  seen, reasoning = [], ["It rhymes.\n", "The response is", ""]
+
+  def handler(request):
+    body = json.loads(request.content)
+    seen.append(body)
+    if "stop" in body:
+      return httpx.Response(200, json={"choices": [
+          {"index": i, "text": reasoning[i], "finish_reason": "stop", "logprobs": None}
+          for i in reversed(range(len(body["prompt"])))]})
+    return httpx.Response(200, json={"choices": [
+        {"index": i, "text": " Yes", "finish_reason": "length",
+         "logprobs": {"tokens": [" Yes"], "token_logprobs": [-0.1],
+                      "top_logprobs": [{" Yes": -0.5 * i, " No": -2.0}], "text_offset": [0]}}
+        for i in range(len(body["prompt"]))]})
+
+  judge = principle_judge.HttpJudge("http://judge:8000/v1", PRINCIPLE, batch_size=3,
+                                    max_new_tokens=64)
+  monkeypatch.setattr(judge, "_httpx", types.SimpleNamespace(
+      Client=lambda **kw: httpx.Client(transport=httpx.MockTransport(handler), **kw)))
+  got = judge(CONVS[:3])
+  np.testing.assert_allclose(got[:, SLOT], [2.0, 1.5, 1.0])
+  first, second = seen
+  prompts = [principle_judge.judge_prompt_text(c, PRINCIPLE) for c in CONVS[:3]]
+  assert first["prompt"] == prompts and first["stop"] == [principle.JUDGEMENT]
+  assert first["max_tokens"] == 64 and first["temperature"] == 0.0
+  assert second["prompt"] == [principle_judge.judge_text(c, PRINCIPLE, r)
+                              for c, r in zip(CONVS[:3], reasoning)]
+  assert second["prompt"][1].endswith("The response is\nFinal Judgement:")
+  assert second["max_tokens"] == 1 and second["logprobs"] == 20
 
 
 def test_the_attribute_model_and_the_judge_as_one_reward(judge_dir):

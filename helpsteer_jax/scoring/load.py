@@ -13,7 +13,10 @@
   returning a function conversations -> [n, 9] (host-side: each process
   scores its share);
 - with `scorer.judge=principle`: a principle judge (RLBFF), a causal LM or a server
-  (`principle_judge`); `principle_verifier`: the training reward of a principle judge
+  (`principle_judge`; reasoning first with `judge_max_new_tokens` > 0: on the mesh,
+  `inference.principle_reasoning` decodes on the engine, a layer above this one, so it
+  is imported by name when a run asks for it, as the model families are);
+  `principle_verifier`: the training reward of a principle judge
   that RL trains (`principle_verifier`, given the policy's tokenizer); and with
   `scorer.principle_source` set, the attribute model plus that judge (`combine`).
 
@@ -36,11 +39,17 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.load import model as loader
 from helpsteer_jax.models import hf, reward_hf
 from helpsteer_jax.models.reward import RewardModel
+from helpsteer_jax.registry import LazyRegistry
 from helpsteer_jax.scoring import principle_judge, remote, rules
 from helpsteer_jax.scoring.combine import CombinedScorer
 from helpsteer_jax.scoring.model import ModelScorer
 from helpsteer_jax.scoring.principle_verifier import VERIFIER, PrincipleVerifier
 from helpsteer_jax.scoring.scorer import HostScorer, PrimaryScorer, Scorer
+
+# A principle judge that reasons before its verdict, on the mesh: (LocalJudge, model, rt,
+# max_new_tokens) -> Scorer.
+REASONING = LazyRegistry({
+    principle_judge.JUDGE: "helpsteer_jax.inference.principle_reasoning:ReasoningJudge"})
 
 
 def is_factory(source: str) -> bool:
@@ -132,9 +141,14 @@ def principle_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime | N
                      source: str, key: str, tokenizer_dir: str = "") -> Scorer:
   """A principle judge at `source`: a server's URL, else a causal LM on `rt`'s mesh (its
   tokenizer `tokenizer_dir`, else its source's)."""
+  steps = int(section.judge_max_new_tokens)
+  if steps < 0:
+    raise ConfigError(f"{key.rsplit('.', 1)[0]}.judge_max_new_tokens={steps}: give the"
+                      " judge's reasoning budget in tokens (0: no reasoning)")
   if remote.is_url(source):
     return PrimaryScorer(principle_judge.HttpJudge(source, str(section.principle),
-                                                   int(section.batch_size)))
+                                                   int(section.batch_size),
+                                                   max_new_tokens=steps))
   if rt is None:
     raise ValueError("a local principle judge needs the runtime's mesh")
   init = init_config(source=source)
@@ -146,10 +160,11 @@ def principle_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime | N
   model = loader.load_model(config, rt, loader.DECODE)
   runtime.check_tokenizer_fits(tokenizer, model.cfg.vocab_size,
                                "set --config.scorer.tokenizer to the judge's")
-  return principle_judge.LocalJudge(model, rt, tokenizer, batch_size=int(section.batch_size),
-                                    max_len=int(section.max_len),
-                                    add_bos=bool(section.add_bos),
-                                    principle_text=str(section.principle))
+  judge = principle_judge.LocalJudge(model, rt, tokenizer, batch_size=int(section.batch_size),
+                                     max_len=int(section.max_len),
+                                     add_bos=bool(section.add_bos),
+                                     principle_text=str(section.principle))
+  return REASONING[principle_judge.JUDGE](judge, model, rt, steps) if steps else judge
 
 
 def load_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime | None,

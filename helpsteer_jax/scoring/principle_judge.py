@@ -6,11 +6,19 @@ The judge's input is its prompt (`judges.principle.judge_prompt`: the conversati
 before the response as a transcript, the response, the principle) as the user turn of
 the SteerLM prompt format with no attribute label, the way `rl:principle` trains it,
 followed by its answer's opening `Final Judgement:` (and the verdicts' shared leading
-tokens, if the tokenizer has any): one forward pass per response, no reasoning first.
-RLBFF's judge reasons before judging and NeMo-RL lets it (up to 8192 tokens), but inside
-RL that is a long generation per completion per iteration; the forward pass makes the
-reward a deterministic function of the response at the price of the reasoning. Both
-log-probabilities are exact (the full vocabulary, not a top 20).
+tokens, if the tokenizer has any).
+
+- `scorer.judge_max_new_tokens=0`: nothing before the `Final Judgement:`, one forward
+  pass per response: a deterministic function of the response, no generation;
+- `> 0` (RLBFF's judge is a reasoning model): the judge first reasons, greedily, up to
+  that many tokens, stopped at its own `Final Judgement:` or its end of turn; the input
+  is then the prompt, that reasoning (cut where the stop begins) and
+  `continued(reasoning)`'s `Final Judgement:` (`inference.principle_reasoning` on the
+  mesh; two requests to a server). A reasoning cut by the budget, or ended without a
+  judgement, is continued the same way: the judge is made to judge after what it wrote.
+
+Both log-probabilities are exact (a forward pass over the full vocabulary, not a top 20)
+on the mesh.
 
 - a path (an HF causal-LM directory or a run; `load.model.load_model(DECODE)`, shapes
   from `scorer.model` / the run): `LocalJudge`, batched and sharded like the attribute
@@ -18,7 +26,10 @@ log-probabilities are exact (the full vocabulary, not a top 20).
 - a server's base URL: `HttpJudge`, `POST <url>/completions` with `max_tokens=1` and
   `logprobs=20` (the project's server and vLLM return the top alternatives by token
   text); a verdict missing from them scores `MISSING_REWARD` (NeMo-RL's RLHF
-  environment's 0), asked by process 0 (`PrimaryScorer`).
+  environment's 0), asked by process 0 (`PrimaryScorer`). With reasoning, a first
+  request generates it (`max_tokens=judge_max_new_tokens`, greedy,
+  `stop=["Final Judgement:"]`) and the second is the same one-token request on the
+  prompt + reasoning + `Final Judgement:`.
 """
 
 from __future__ import annotations
@@ -52,9 +63,9 @@ JUDGE = "principle"  # scorer.judge
 MISSING_REWARD = 0.0  # a served judge's reward when a verdict is not in its top 20
 
 
-def judge_text(conv: Conversation, fallback: str) -> str:
-  """The judge's input for `conv` (ending in the response to judge), through its opening
-  `Final Judgement:`; the principle from the reference, else `fallback`."""
+def judge_prompt_text(conv: Conversation, fallback: str) -> str:
+  """The judge's prompt for `conv` (ending in the response to judge), rendered up to where
+  its answer starts; the principle from the reference, else `fallback`."""
   text = (conv.reference or {}).get(principle.PRINCIPLE_KEY) or fallback
   if not text:
     raise ConfigError(f"conversation {conv.source or ''} names no principle: set"
@@ -65,7 +76,21 @@ def judge_text(conv: Conversation, fallback: str) -> str:
   system = "" if conv.system == template.DEFAULT_SYSTEM else conv.system
   request = principle.judge_prompt(Conversation(system, tuple(context)), response.text, text)
   judge = Conversation(template.DEFAULT_SYSTEM, (Turn("User", request),))
-  return template.generation_prompt(judge, {}) + principle.JUDGEMENT
+  return template.generation_prompt(judge, {})
+
+
+def continued(reasoning: str) -> str:
+  """The judge's answer from `reasoning` (its text before its own `Final Judgement:`, or
+  all it wrote when it stopped without one) to its `Final Judgement:`. The judgement
+  follows the reasoning as written when that ends in white space (or is empty), as a
+  judge writes it; after a newline otherwise (a reasoning cut by the token budget)."""
+  sep = "" if not reasoning or reasoning[-1].isspace() else "\n"
+  return reasoning + sep + principle.JUDGEMENT
+
+
+def judge_text(conv: Conversation, fallback: str, reasoning: str = "") -> str:
+  """The judge's input for `conv` through its `Final Judgement:`, after `reasoning`."""
+  return judge_prompt_text(conv, fallback) + continued(reasoning)
 
 
 class LocalJudge:
@@ -100,13 +125,15 @@ class LocalJudge:
         verdicts, rt.mesh, NamedSharding(rt.mesh, sharding_lib.batch_spec(rules)),
         self.batch_size, (shardings,))
 
-  def ids(self, conv: Conversation) -> list[int]:
-    """The judge's input ids: its text as one call of the tokenizer (the prompt encoder's
-    rule), then the verdicts' shared leading ids."""
-    text = judge_text(conv, self.principle)
-    ids = tokenize_pieces([template.Piece(text, False)], self.tokenizer,
-                          add_bos=self.add_bos).ids.tolist()
-    return ids + list(self.tokens.prefix)
+  def encode(self, text: str) -> list[int]:
+    """`text`'s ids as one call of the tokenizer (the prompt encoder's rule)."""
+    return tokenize_pieces([template.Piece(text, False)], self.tokenizer,
+                           add_bos=self.add_bos).ids.tolist()
+
+  def ids(self, text: str) -> list[int]:
+    """The judge's input ids for `text` (through its `Final Judgement:`), then the
+    verdicts' shared leading ids."""
+    return self.encode(text) + list(self.tokens.prefix)
 
   def warm_up(self) -> None:
     """Compiles the program of every length bucket (a server then compiles nothing)."""
@@ -114,10 +141,11 @@ class LocalJudge:
       frozen_pass.FrozenPass.fetch([self._pass.dispatch(
           (self.params,), pad_batch([], self.batch_size, length))])
 
-  def verdicts(self, convs: Sequence[Conversation]) -> np.ndarray:
-    """[n, 2] float64 (log p(yes), log p(no)); NaN rows for inputs over `max_len`."""
-    seqs = [self.ids(c) for c in convs]
-    out = np.full((len(convs), 2), np.nan)
+  def verdicts(self, texts: Sequence[str]) -> np.ndarray:
+    """[n, 2] float64 (log p(yes), log p(no)) after each judge input `texts[i]`; NaN rows
+    for inputs over `max_len`."""
+    seqs = [self.ids(t) for t in texts]
+    out = np.full((len(texts), 2), np.nan)
     kept = [i for i, s in enumerate(seqs) if len(s) <= self.buckets[-1]]
     with self._lock:
       for idx in length_batches([len(seqs[i]) for i in kept], self.batch_size):
@@ -129,40 +157,51 @@ class LocalJudge:
         self.local_rows += len(range(len(rows))[self._host_rows])
     return out
 
-  def __call__(self, convs: Sequence[Conversation]) -> np.ndarray:
-    v = self.verdicts(convs)
+  def rewards(self, texts: Sequence[str]) -> np.ndarray:
+    """[n, 9] reward rows of the judge inputs `texts`."""
+    v = self.verdicts(texts)
     return reward_rows(v[:, 0] - v[:, 1])
+
+  def __call__(self, convs: Sequence[Conversation]) -> np.ndarray:
+    return self.rewards([judge_text(c, self.principle) for c in convs])
 
 
 class HttpJudge:
-  """A served judge over `/v1/completions`: conversations -> [n, 9] reward rows."""
+  """A served judge over `/v1/completions`: conversations -> [n, 9] reward rows; with
+  `max_new_tokens` > 0 a first request generates each judge's reasoning."""
 
   def __init__(self, url: str, principle_text: str = "", batch_size: int = 64,
-               timeout: float = 600.0):
+               timeout: float = 600.0, max_new_tokens: int = 0):
     import httpx  # the serve extra: missing, it fails here rather than at the first call
     self._httpx, self.principle = httpx, principle_text
     key = os.environ.get(API_KEY_ENV, "")
     self.url = str(url).rstrip("/") + "/completions"
     self.headers = {"Authorization": f"Bearer {key}"} if key else {}
     self.batch_size, self.timeout = max(int(batch_size), 1), timeout
+    self.max_new_tokens = int(max_new_tokens)
 
   def __call__(self, convs: Sequence[Conversation]) -> np.ndarray:
-    texts = [judge_text(c, self.principle) for c in convs]
+    prompts = [judge_prompt_text(c, self.principle) for c in convs]
     rewards = []
     with self._httpx.Client(timeout=self.timeout, headers=self.headers) as client:
-      for lo in range(0, len(texts), self.batch_size):
-        rewards += self._post(client, texts[lo:lo + self.batch_size])
+      for lo in range(0, len(prompts), self.batch_size):
+        batch = prompts[lo:lo + self.batch_size]
+        reasoning = ([c["text"] for c in self._post(client, batch, {
+            "max_tokens": self.max_new_tokens, "stop": [principle.JUDGEMENT]})]
+                     if self.max_new_tokens > 0 else [""] * len(batch))
+        choices = self._post(client, [p + continued(r) for p, r in zip(batch, reasoning)],
+                             {"max_tokens": 1, "logprobs": 20})
+        rewards += [served_reward((c.get("logprobs") or {}).get("top_logprobs") or [{}])
+                    for c in choices]
     return reward_rows(rewards)
 
-  def _post(self, client, texts: list[str]) -> list[float]:
-    body = {"prompt": texts, "max_tokens": 1, "temperature": 0.0, "logprobs": 20}
-    response = client.post(self.url, json=body)
+  def _post(self, client, texts: list[str], settings: dict) -> list[dict]:
+    """The choices of one greedy completions request for `texts`, in their order."""
+    response = client.post(self.url, json={"prompt": texts, "temperature": 0.0, **settings})
     if response.status_code != 200:
       raise ConfigError(f"the principle judge at {self.url} answered"
                         f" {response.status_code}: {response.text[:500]}")
-    choices = sorted(response.json()["choices"], key=lambda c: c["index"])
-    return [served_reward((c.get("logprobs") or {}).get("top_logprobs") or [{}])
-            for c in choices]
+    return sorted(response.json()["choices"], key=lambda c: c["index"])
 
 
 def served_reward(top_logprobs: list[dict]) -> float:
