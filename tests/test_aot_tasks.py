@@ -11,6 +11,7 @@ import math
 
 import jax
 import pytest
+from flax import nnx
 
 from helpsteer_jax import aot, runtime
 from helpsteer_jax.tasks import attribute_model, dpo2d, iterative_dpo, rl, steerlm2
@@ -115,6 +116,15 @@ def test_abstract_step_compiles_on_the_cpu_mesh(case):
     ({"algorithm": "rloo", "model.lora.rank": 4, "model.lora.base_dtype": "bfloat16",
       "scorer.source": "/runs/attribute_model"}, {"engine", "attribute_model"}),
     ({"algorithm": "dapo", "rollout.dtype": "bfloat16"}, {"engine"}),
+    # A principle judge on the mesh is a causal LM (no attribute model), with its own
+    # engine when it reasons; beside the attribute model when combined with it.
+    ({"algorithm": "dapo", "scorer.judge": "principle", "scorer.source": "/runs/judge",
+      "scorer.judge_max_new_tokens": 0}, {"engine", "principle_judge"}),
+    ({"algorithm": "dapo", "scorer.source": "/runs/attribute_model",
+      "scorer.principle_source": "/runs/judge", "scorer.batch_size": 3,
+      "scorer.max_len": 256}, {"engine", "attribute_model", "principle_judge"}),
+    ({"algorithm": "dapo", "scorer.source": "/runs/attribute_model",
+      "scorer.principle_source": "http://judge:8000/v1"}, {"engine", "attribute_model"}),
 ])
 def test_rl_step_counts_the_iteration_s_arrays(overrides, held):
   """The RL step compiles with what an iteration keeps in device memory as unread
@@ -142,6 +152,27 @@ def test_rl_step_counts_the_iteration_s_arrays(overrides, held):
   assert got == own + resident.per_device_bytes(arrays), (got, own)
   assert sum(spec.resident_bytes.values()) == resident.per_device_bytes(arrays)
   assert set(spec.resident_bytes) == {"engine_weights", "kv_cache"} | held - {"engine"}
+  if "principle_judge" in held:
+    _check_principle_judge(config, arrays["principle_judge"])
+
+
+def _check_principle_judge(config, judge):
+  """The judge's weights are a causal LM of `scorer.model`'s shapes (LM head included);
+  when it reasons, its engine's per-layer copy of the layers and a KV cache of
+  `scorer.batch_size` rows (rounded up to the batch shards) of `scorer.max_len` tokens."""
+  from helpsteer_jax.models import builder
+  cfg = runtime.build_model_config(config.scorer.model)
+  want = nnx.state(nnx.eval_shape(lambda: builder.new_model(cfg)), nnx.Param)
+  shapes = lambda tree: sorted(x.shape for x in jax.tree.leaves(tree))  # noqa: E731
+  assert shapes(judge["weights"]) == shapes(want)
+  assert any(x.shape[-1] == cfg.vocab_size for x in jax.tree.leaves(judge["weights"]["lm_head"]))
+  if config.scorer.judge_max_new_tokens == 0:
+    assert set(judge) == {"weights"}
+    return
+  assert shapes(judge["engine_layers"]) == shapes(want["layers"])
+  cache = judge["kv_cache"]
+  assert len(cache) == 2 * cfg.num_layers
+  assert cache[0].shape == (4, cfg.num_kv_heads, config.scorer.max_len, cfg.head_dim)
 
 
 def test_off_policy_rl_step_runs_on_the_training_devices_and_counts_the_rollout_side():
