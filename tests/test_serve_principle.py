@@ -26,9 +26,9 @@ STEPS = 6  # the judge's reasoning budget
 def test_rewards_of_a_principle_judge_equal_the_local_scorer(served_models, tmp_path):
   judge = served_models / "policy"
   server = Server(served_models, tmp_path, "--config.scorer.judge=principle",
-                      f"--config.scorer.source={judge}", "--config.scorer.head=",
-                      f"--config.scorer.principle={PRINCIPLE}",
-                      f"--config.scorer.judge_max_new_tokens={STEPS}")
+                  f"--config.scorer.source={judge}", "--config.scorer.head=",
+                  f"--config.scorer.principle={PRINCIPLE}",
+                  f"--config.scorer.judge_max_new_tokens={STEPS}")
   try:
     items = [([{"role": "user", "content": "What is 2 plus 3?"}], "It is 5."),
              ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
