@@ -1,7 +1,7 @@
 """The attribute model and a principle judge as one reward (`scorer.principle_source`)
 with two processes: best-of-n's candidates, their scores and rewards are those of one
-process (the demo rules split over the processes, the judge's forward pass sharded over
-both processes' devices).
+process (the demo rules split over the processes; the judge reasoning greedily on its
+engine and its forward pass, both sharded over both processes' devices).
 
 The harness and what every two-process test checks: tests/task_groups.py.
 """
@@ -26,6 +26,7 @@ def _generate(task_inputs, workdir) -> tuple[str, ...]:
           f"--config.scorer.principle_source={task_inputs['backbone']}",
           "--config.scorer.principle=The response is short.",
           "--config.scorer.principle_coef=0.5", "--config.scorer.max_len=512",
+          "--config.scorer.judge_max_new_tokens=8",
           f"--workdir={workdir}")
 
 
