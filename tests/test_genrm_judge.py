@@ -133,7 +133,8 @@ def test_prompt_holds_the_transcript_responses_and_format():
   assert "**Score 1: Not Helpful**" in text and "6 = Response 2 is much better" in text
   assert text.endswith(f"{BEGIN_R}\n\\boxed{{z}}\n{END_R}")
   short = genrm.prompt(context, ("6.", "Seven."), guidelines=False)
-  assert "**Score" not in short and "with no tie" in short and len(short) < len(text) / 2
+  assert "**Score" not in short and "with no tie" in short and len(short) < len(text) / 4
+  assert short.endswith(f"{BEGIN_R}\n\\boxed{{z}}\n{END_R}")
   with pytest.raises(ValueError):
     genrm.prompt(context, ("only one",))
 

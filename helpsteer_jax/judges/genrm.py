@@ -151,22 +151,37 @@ def transcript(context: Conversation) -> str:
   return "\n\n".join(parts)
 
 
+SHORT_INSTRUCTIONS = """\
+Score the helpfulness of each response from 1 (not helpful) to 5 (extremely helpful), \
+then rank them from 1 (Response 1 is much better) to 6 (Response 2 is much better), \
+with no tie.
+"""
+
+SHORT_FORMAT = f"""\
+#### Output Format Requirements ####
+{SCORES_SECTION[0]}
+\\boxed{{x, y}}
+{SCORES_SECTION[1]}
+{RANKING_SECTION[0]}
+\\boxed{{z}}
+{RANKING_SECTION[1]}"""
+
+
 def prompt(context: Conversation, responses: tuple[str, str],
            guidelines: bool = True) -> str:
   """The judge's prompt for two responses to `context` (a conversation ending in the user
-  turn they answer). `guidelines=False` leaves the helpfulness and ranking guidelines
-  out (a short prompt for small models; the ranking's scale stays)."""
+  turn they answer). `guidelines=False` is a short prompt for small models: the scales in
+  one sentence and the answer's boxes alone (no guidelines, no analysis asked for)."""
   if len(responses) != 2:
     raise ValueError(f"a GenRM judges two responses, got {len(responses)}")
-  scale = "" if guidelines else (
-      "\nScores are 1 (not helpful) to 5 (extremely helpful). The ranking is 1 (Response 1"
-      " is much better) to 6 (Response 2 is much better), with no tie.\n")
   one, two = responses
-  return (f"{INSTRUCTIONS}{GUIDELINES if guidelines else scale}\n"
-          f"#### Conversation Context ####\n{transcript(context)}\n\n"
+  body = (f"#### Conversation Context ####\n{transcript(context)}\n\n"
           f"#### Responses to be Scored ####\n"
           f"[The Begin of Response 1]\n{one}\n[The End of Response 1]\n"
-          f"[The Begin of Response 2]\n{two}\n[The End of Response 2]\n\n{OUTPUT_FORMAT}")
+          f"[The Begin of Response 2]\n{two}\n[The End of Response 2]\n\n")
+  if not guidelines:
+    return f"{SHORT_INSTRUCTIONS}\n{body}{SHORT_FORMAT}"
+  return f"{INSTRUCTIONS}{GUIDELINES}\n{body}{OUTPUT_FORMAT}"
 
 
 def answer(judgement: Judgement, analysis: Sequence[str] = ()) -> str:

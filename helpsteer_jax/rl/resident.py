@@ -34,7 +34,7 @@ from helpsteer_jax.inference import engine_steps
 from helpsteer_jax.models import builder
 from helpsteer_jax.models.reward import RewardModel, reward_model
 from helpsteer_jax.rl.settings import RLSettings
-from helpsteer_jax.scoring import remote, rules
+from helpsteer_jax.scoring import genrm, remote, rules
 from helpsteer_jax.scoring.load import is_factory
 from helpsteer_jax.train import state as state_lib
 
@@ -42,7 +42,8 @@ from helpsteer_jax.train import state as state_lib
 def scorer_on_mesh(source: str) -> bool:
   """Whether `scorer.source` loads an attribute model onto the mesh (an empty source in
   a compile-only run stands for the preset's)."""
-  return not (source == rules.DEMO_RULES or remote.is_url(source) or is_factory(source))
+  return not (source in (rules.DEMO_RULES, genrm.VERIFIER) or remote.is_url(source)
+              or is_factory(source))
 
 
 def _abstract(tree: Any, shardings: Any, dtype: Any = None) -> Any:

@@ -9,9 +9,16 @@
 - `http://host:port/v1`: a configs/serve.py server's attribute model, asked by
   process 0 (`remote.HttpScorer`);
 - `demo_rules`: the demo data's own rules;
+- `genrm_verifier`: NeMo-Aligner's GenRM verifier, each answer checked against its
+  prompt's reference (`genrm.verifier_rows`), the reward that trains a GenRM;
 - `package.module:function`: a user's factory, called with `config.scorer`,
   returning a function conversations -> [n, 9] (host-side: each process
   scores its share).
+
+With `scorer.judge=genrm` the source is a generative judge instead (`genrm.GenrmJudge`):
+a server's base URL (its /v1/chat/completions, asked by process 0) or a causal LM on the
+mesh (`JUDGES`: `inference.judge` decodes on the engine, a layer above this one, so it
+is imported by name when a run asks for it, as the model families are).
 
 Every one is a `scorer.Scorer`: called on every process with the same
 conversations, it returns the same [n, 9] predictions everywhere.
@@ -32,9 +39,14 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.load import model as loader
 from helpsteer_jax.models import hf, reward_hf
 from helpsteer_jax.models.reward import RewardModel
-from helpsteer_jax.scoring import remote, rules
+from helpsteer_jax.registry import LazyRegistry
+from helpsteer_jax.scoring import genrm, remote, rules
 from helpsteer_jax.scoring.model import ModelScorer
 from helpsteer_jax.scoring.scorer import HostScorer, PrimaryScorer, Scorer
+
+JUDGE_KINDS = ("genrm",)
+# judge -> its loader on the mesh (section, rt, key) -> Scorer
+JUDGES = LazyRegistry({"genrm": "helpsteer_jax.inference.judge:load_genrm"})
 
 
 def is_factory(source: str) -> bool:
@@ -112,12 +124,12 @@ def check_source(source: str, key: str = "scorer.source") -> str:
                       f" (http://127.0.0.1:8000/v1), {rules.DEMO_RULES}, or"
                       " package.module:function (a factory taking config.scorer and"
                       " returning a function conversations -> [n, 9] predictions)")
-  if (source != rules.DEMO_RULES and not remote.is_url(source) and not is_factory(source)
-      and not pathlib.Path(source).expanduser().exists()):
+  if (source not in (rules.DEMO_RULES, genrm.VERIFIER) and not remote.is_url(source)
+      and not is_factory(source) and not pathlib.Path(source).expanduser().exists()):
     raise ConfigError(f"{key}={source!r}: no such file or directory, URL or"
                       " package.module:function; give an attribute_model workdir or its HF"
                       " export, a server's base URL (http://host:port/v1), a factory, or"
-                      f" {rules.DEMO_RULES}")
+                      f" {rules.DEMO_RULES} ({genrm.VERIFIER}: a GenRM's training reward)")
   return source
 
 
@@ -125,6 +137,11 @@ def load_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime | None,
                 key: str = "scorer.source") -> Scorer:
   """The scorer `section.source` names; `rt` (the mesh) is needed for a local model."""
   source = check_source(str(section.source or ""), key)
+  judge = str(section.get("judge") or "")
+  if judge:
+    return _judge(section, rt, key, judge, source)
+  if source == genrm.VERIFIER:
+    return HostScorer(genrm.verifier_rows)
   if source == rules.DEMO_RULES:
     return HostScorer(rules.demo_rule_scores)
   if remote.is_url(source):
@@ -136,3 +153,19 @@ def load_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime | None,
   return model_scorer(section, rt, key)
 
 
+
+
+def _judge(section: ml_collections.ConfigDict, rt: runtime.Runtime | None, key: str,
+           judge: str, source: str) -> Scorer:
+  """A generative judge `judge` at `source`: served (a URL) or on the mesh."""
+  if judge not in JUDGE_KINDS:
+    raise ConfigError(f"{key.rsplit('.', 1)[0]}.judge={judge!r}: expected one of"
+                      f" {', '.join(JUDGE_KINDS)} (or empty: an attribute model)")
+  if source in (rules.DEMO_RULES, genrm.VERIFIER) or is_factory(source):
+    raise ConfigError(f"{key}={source!r} with judge={judge}: the judge is a causal LM (an"
+                      " HF directory or a training run) or a server's base URL")
+  if remote.is_url(source):
+    return PrimaryScorer(genrm.GenrmJudge(
+        genrm.ChatAnswers(source, section.judge_max_new_tokens), section.aggregation,
+        bool(section.judge_guidelines)))
+  return JUDGES[judge](section, rt, key)
