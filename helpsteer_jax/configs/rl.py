@@ -48,7 +48,7 @@ from helpsteer_jax.config_sections import (
 
 PRESETS = ("demo", "smollm2_135m", "llama3_8b", "llama3_70b", "genrm", "genrm_llama3_70b")
 GENRM_DEMO_DATA = "workdir/genrm_demo"  # python -m helpsteer_jax.runs.genrm_prompts writes it
-GENRM_DEMO_POLICY = "workdir/acsft_genrm"  # the AC-SFT run on its answer-format rows
+GENRM_DEMO_POLICY = "workdir/acsft_genrm"  # the AC-SFT run on its answer-format rows (65 steps)
 RENAMED = config_base.MODEL_RENAMED
 # HelpSteer2's PPO reward (arXiv 2406.08673): helpfulness, correctness and coherence only.
 PPO_WEIGHTS = {"helpfulness": 0.65, "correctness": 0.8, "coherence": 0.45, "complexity": 0.0,
@@ -207,8 +207,9 @@ def _genrm(config, big: bool):
     return config
   config.prompts.update(train_path=GENRM_DEMO_DATA, genrm_guidelines=False)
   config.init.source = GENRM_DEMO_POLICY
-  config.train.update(seq_len=512, num_steps=30, global_batch=32, micro_batch=32,
-                      eval_every=5, save_every=10)
+  config.optimizer.lr = 3e-4
+  config.train.update(seq_len=512, num_steps=60, global_batch=32, micro_batch=32,
+                      eval_every=10, save_every=10)
   config.rollout.update(prompts_per_iteration=8, samples_per_prompt=4, max_new_tokens=96)
   config.prompts.eval_limit = 32
   return config
