@@ -29,7 +29,10 @@ def _args(task_inputs, data, workdir) -> tuple[str, ...]:
   base = tg.rl_args(task_inputs, workdir, "--config.scorer.source=genrm_verifier",
                     "--config.prompts.format=genrm", f"--config.prompts.train_path={data}",
                     "--config.prompts.genrm_guidelines=false", "--config.reward.normalize=none",
-                    "--config.train.seq_len=448", "--config.rollout.max_new_tokens=16")
+                    "--config.train.seq_len=448", "--config.rollout.max_new_tokens=16",
+                    "--config.scorer.weights.helpfulness=1",
+                    "--config.scorer.weights.correctness=0",
+                    "--config.scorer.weights.coherence=0")
   return tuple(a for a in base if not a.startswith("--config.scorer.source=fake"))
 
 

@@ -200,7 +200,8 @@ def _genrm(config, big: bool):
   config.reward.normalize = "none"
   config.reward.steer_coef = 0.0
   config.prompts.update(format="genrm", sample_attributes="")
-  if big:  # NeMo-RL's GenRM recipe scale: long answers (the analyses, then the boxes)
+  if big:  # long prompts (two responses, guidelines) and answers (analyses, then boxes);
+    # no KL term, so no reference is held beside the policy
     config.rollout.update(max_new_tokens=2048, samples_per_prompt=8, prompts_per_iteration=16)
     config.train.seq_len = 8192
     config.loss.beta = 0.0
