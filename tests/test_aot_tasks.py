@@ -115,6 +115,8 @@ def test_abstract_step_compiles_on_the_cpu_mesh(case):
     ({"algorithm": "rloo", "model.lora.rank": 4, "model.lora.base_dtype": "bfloat16",
       "scorer.source": "/runs/attribute_model"}, {"engine", "attribute_model"}),
     ({"algorithm": "dapo", "rollout.dtype": "bfloat16"}, {"engine"}),
+    # a GenRM's verifier runs on the host: no attribute model, and no reference without KL
+    ({"scorer.source": "genrm_verifier", "loss.beta": 0.0}, {"engine"}),
 ])
 def test_rl_step_counts_the_iteration_s_arrays(overrides, held):
   """The RL step compiles with what an iteration keeps in device memory as unread

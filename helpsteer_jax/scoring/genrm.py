@@ -115,5 +115,3 @@ class ChatAnswers:
                             f" {response.text[:500]}")
         out.append(response.json()["choices"][0]["message"]["content"] or "")
     return out
-
-
