@@ -10,6 +10,7 @@ format with the model's own requested attributes (`steering.run_attributes`).
 from __future__ import annotations
 
 import ml_collections
+from absl import logging
 
 from helpsteer_jax import runtime, weights
 from helpsteer_jax.config_sections import init_config, steer_config
@@ -37,8 +38,23 @@ class EngineAnswers:
         Conversation(system=self.system, turns=(Turn("User", text),)), self.attributes)
 
   def __call__(self, prompts):
-    outputs = self.generator.complete([self.render(p) for p in prompts], self.max_new_tokens)
-    return [steering.response_text(o.text, o.finish_reason) for o in outputs]
+    """The answers; "" (a judgement that does not parse: skipped) for a prompt that leaves
+    no room for `max_new_tokens` in the engine's rows."""
+    rendered = [self.render(p) for p in prompts]
+    room = self.generator.engine.max_length - self.max_new_tokens
+    fits = [len(self.generator.encode(text)) <= room for text in rendered]
+    if not all(fits):
+      logging.warning("GenRM judge: %d of %d prompts are longer than %d tokens"
+                      " (scorer.max_len - scorer.judge_max_new_tokens) and are not judged",
+                      fits.count(False), len(fits), room)
+    outputs = iter(self.generator.complete(
+        [t for t, ok in zip(rendered, fits) if ok], self.max_new_tokens))
+    answers = []
+    for ok in fits:
+      output = next(outputs) if ok else None
+      answers.append(steering.response_text(output.text, output.finish_reason)
+                     if output is not None else "")
+    return answers
 
 
 def load_genrm(section: ml_collections.ConfigDict, rt: runtime.Runtime | None,
