@@ -143,8 +143,9 @@ def test_prompts_without_references_fail_before_compiling(tmp_path, hs3):
   config.prompts.update(format="jsonl", train_path=str(plain))
   with pytest.raises(ConfigError, match="1 of 1 train prompts .* carry none"):
     prompts.read_prompts(config, {}, None, True, 400, "train")
-  plain.write_text(json.dumps({"prompt": "Judge.", "reference": {"scores": [9]}}) + "\n")
-  with pytest.raises(ConfigError, match=r"plain.jsonl: prompt 1 .*\[h1, h2\]"):
+  plain.write_text(json.dumps({"prompt": "Fine.", "reference": {"ranking": 2}}) + "\n\n"
+                   + json.dumps({"prompt": "Judge.", "reference": {"scores": [9]}}) + "\n")
+  with pytest.raises(ConfigError, match=r"plain.jsonl:3: reference.scores must be \[h1, h2\]"):
     prompts.read_prompts(config, {}, None, True, 400, "train")
   config.prompts.update(format="genrm", train_path="")
   with pytest.raises(ConfigError, match="prompts.train_path"):

@@ -76,7 +76,7 @@ def check_references(requests: list[steering.Request], path: str, which: str) ->
     try:
       genrm.check_reference(r.extra["reference"])
     except ValueError as e:
-      where = r.extra.get("source") or f"{path}: prompt {i + 1} ({r.prompt[:40]!r})"
+      where = r.conversation.source or f"{path}: prompt {i + 1}"
       raise ConfigError(f"{where}: {e}") from None
 
 
