@@ -8,6 +8,7 @@ before anything compiles."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import ml_collections
@@ -51,9 +52,10 @@ def _genrm_requests(path: str, which: str, attributes: dict, config) -> list[ste
   validation split of `eval_path` (else of `train_path`)."""
   pc = config.prompts
   source = path or (pc.train_path if which == "eval" else "")
-  if not source:
-    raise ConfigError("prompts.format=genrm reads HelpSteer3's preference config: set"
-                      " prompts.train_path (the dataset's directory; the demo's: python -m"
+  if not source or not os.path.exists(os.path.expanduser(source)):
+    raise ConfigError(f"prompts.format=genrm reads HelpSteer3's preference config, and"
+                      f" prompts.train_path={source!r} is not there: give the dataset's"
+                      " directory (the demo's is written by python -m"
                       " helpsteer_jax.runs.genrm_prompts workdir/genrm_demo)")
   return genrm_prompts.read_requests(
       source, "train" if which == "train" else "validation", attributes, pc.system,

@@ -153,8 +153,6 @@ def load_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime | None,
   return model_scorer(section, rt, key)
 
 
-
-
 def _judge(section: ml_collections.ConfigDict, rt: runtime.Runtime | None, key: str,
            judge: str, source: str) -> Scorer:
   """A generative judge `judge` at `source`: served (a URL) or on the mesh."""
