@@ -213,6 +213,7 @@ def scorer_section(**overrides) -> ml_collections.ConfigDict:
       judge_max_new_tokens=512,  # a judge's answer, in tokens
       aggregation="mean_score",  # a GenRM's judgements in a group -> rewards ("win_count")
       judge_guidelines=True,  # genrm: the full prompt (False: the short one, for small models)
+      judge_model="",  # a served judge's model name ("" = the one the server lists first)
       principle=""))             # a principle RM's principle where a row names none
   for key, value in overrides.items():
     section[key] = value

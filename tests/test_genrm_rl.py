@@ -7,11 +7,12 @@ served judge behind best-of-n, a local one on the engine."""
 
 import gzip
 import json
-import types
+from unittest import mock
 
 import httpx
 import jax
 import numpy as np
+import openai
 import pytest
 
 from helpsteer_jax import runtime, sharding
@@ -232,35 +233,43 @@ def tiny(tmp_path_factory):
 
 
 def test_a_served_judge_ranks_best_of_n_candidates(tiny):
-  """A server's /v1/chat/completions as the judge of best-of-n's n candidates (process 0
-  asks; one request per judged pair)."""
+  """A server's chat completions as the judge of best-of-n's n candidates (process 0 asks
+  through the project's OpenAI-compatible judge client; one request per judged pair)."""
   _, gen = tiny
   bodies = []
 
   def handler(request: httpx.Request) -> httpx.Response:
+    if request.url.path.endswith("/models"):
+      return httpx.Response(200, json={"object": "list", "data": [
+          {"id": "genrm-70b", "object": "model", "created": 0, "owned_by": "me"}]})
     body = json.loads(request.content)
     bodies.append(body)
-    text = body["messages"][0]["content"]
+    text = body["messages"][1]["content"]
     one = text.split("[The Begin of Response 1]\n")[1].split("\n[The End")[0]
     two = text.split("[The Begin of Response 2]\n")[1].split("\n[The End")[0]
     score = lambda r: min(5, 1 + len(r) // 8)  # noqa: E731 - longer answers score higher
     content = genrm.answer(genrm.Judgement((score(one), score(two)), 1 if len(one) >= len(
         two) else 6), ["Looked at it."])
-    return httpx.Response(200, json={"choices": [{"message": {"content": content}}]})
+    return httpx.Response(200, json={
+        "id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": content}}]})
 
+  transport = httpx.MockTransport(handler)
+  real = openai.OpenAI
   section = scorer_section(source="http://judge.test/v1", judge="genrm",
                            judge_max_new_tokens=32, aggregation="mean_score")
-  scorer = load.load_scorer(section, None)
-  assert isinstance(scorer, PrimaryScorer)
-  real = httpx.Client
-  scorer.fn.answer._httpx = types.SimpleNamespace(
-      Client=lambda **kw: real(transport=httpx.MockTransport(handler), **kw))
-  requests = [steering.make_request("Name two fruits.", {"verbosity": 2})]
-  weights = rewards.weight_vector({"helpfulness": 1.0})
-  [result] = best_of_n.best_of_n(gen, requests, 3, scorer, weights, 8,
-                                 SamplingConfig(temperature=1.0), seed=3)
+  with mock.patch.object(openai, "OpenAI", lambda **kw: real(
+      **kw, http_client=httpx.Client(transport=transport))):
+    scorer = load.load_scorer(section, None)
+    assert isinstance(scorer, PrimaryScorer)
+    requests = [steering.make_request("Name two fruits.", {"verbosity": 2})]
+    weights = rewards.weight_vector({"helpfulness": 1.0})
+    [result] = best_of_n.best_of_n(gen, requests, 3, scorer, weights, 8,
+                                   SamplingConfig(temperature=1.0), seed=3)
   assert len(bodies) == 6  # the ordered pairs of 3 candidates
-  assert all(b["temperature"] == 0.0 and b["max_tokens"] == 32 for b in bodies)
+  assert all(b["model"] == "genrm-70b" and b["temperature"] == 0.0 and b["max_tokens"] == 32
+             for b in bodies)  # the model the server lists, greedy
   lengths = [len(c.response) for c in result.candidates]
   assert [c.reward for c in result.candidates] == [
       float(min(5, 1 + n // 8)) for n in lengths]

@@ -1,2 +1,2 @@
-"""Generative judges as text: their prompts, the parsers of their answers and the
-rule-based rewards that train them (pure Python and NumPy, no JAX)."""
+"""Generative judges as text: their prompts, the parsers of their answers, the rule-based
+rewards that train them (pure Python and NumPy, no JAX), and the client of a served one."""

@@ -13,21 +13,22 @@ one judging a group's completions.
   judgement that does not parse is skipped, a completion none counted for is NaN (not
   scored). The answers come from `answer(prompts) -> texts`: a causal LM decoding
   greedily on the engine (`inference.judge`, every process the same) or a server's
-  /v1/chat/completions (`ChatAnswers`, asked by process 0: `scorer.PrimaryScorer`).
+  /v1/chat/completions (`ServedAnswers`, asked by process 0: `scorer.PrimaryScorer`).
 
 Both write their reward in the `REWARD_SLOT` column (`scorer.reward_rows`).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Callable, Sequence
 
 import numpy as np
 
 from helpsteer_jax.data.records import Conversation
+from helpsteer_jax.data.template import DEFAULT_SYSTEM
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.judges import genrm
+from helpsteer_jax.judges.client import JudgeError, OpenAIJudge, served_models
 from helpsteer_jax.scoring import remote
 from helpsteer_jax.scoring.scorer import context_groups, reward_rows
 
@@ -87,31 +88,29 @@ class GenrmJudge:
     return reward_rows(genrm.aggregate(len(convs), pairs, judgements, self.aggregation))
 
 
-class ChatAnswers:
-  """Judge prompts answered by an OpenAI-compatible server's /v1/chat/completions
-  (greedy, one user message each; `$HELPSTEER_API_KEY` as the key)."""
+class ServedAnswers:
+  """Judge prompts answered by an OpenAI-compatible server's chat completions
+  (`judges.client.OpenAIJudge`: temperature 0, the openai client's retries), each prompt
+  one user message after the chat's default system prompt; `model` "" = the one the
+  server lists first (asked at the first call). `$HELPSTEER_API_KEY` is the key."""
 
-  def __init__(self, url: str, max_tokens: int, model: str = "", timeout: float = 600.0):
+  def __init__(self, url: str, max_tokens: int, model: str = ""):
     if not remote.is_url(url):
       raise ConfigError(f"a served judge needs the server's base URL, got {url!r}")
-    import httpx  # the serve extra
-    self._httpx = httpx
-    key = os.environ.get(remote.API_KEY_ENV, "")
-    self.url = str(url).rstrip("/") + "/chat/completions"
-    self.headers = {"Authorization": f"Bearer {key}"} if key else {}
-    self.max_tokens, self.model, self.timeout = int(max_tokens), model, timeout
+    self.url, self.max_tokens = url, int(max_tokens)
+    self.judge = self._judge(model) if model else None
+
+  def _judge(self, model: str) -> OpenAIJudge:
+    return OpenAIJudge(self.url, model, api_key_env=remote.API_KEY_ENV,
+                       max_tokens=self.max_tokens)
 
   def __call__(self, prompts: Sequence[str]) -> list[str]:
-    out = []
-    with self._httpx.Client(timeout=self.timeout, headers=self.headers) as client:
-      for text in prompts:
-        body = {"messages": [{"role": "user", "content": text}], "temperature": 0.0,
-                "max_tokens": self.max_tokens}
-        if self.model:
-          body["model"] = self.model
-        response = client.post(self.url, json=body)
-        if response.status_code != 200:
-          raise ConfigError(f"the judge at {self.url} answered {response.status_code}:"
-                            f" {response.text[:500]}")
-        out.append(response.json()["choices"][0]["message"]["content"] or "")
-    return out
+    if self.judge is None:
+      served = served_models(self.url, remote.API_KEY_ENV)
+      if not served:
+        raise ConfigError(f"{self.url} lists no model to judge with: set scorer.judge_model")
+      self.judge = self._judge(served[0])
+    try:
+      return [self.judge(DEFAULT_SYSTEM, text) for text in prompts]
+    except JudgeError as e:
+      raise ConfigError(f"the judge at {self.url}: {e}") from None

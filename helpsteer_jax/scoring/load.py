@@ -164,6 +164,6 @@ def _judge(section: ml_collections.ConfigDict, rt: runtime.Runtime | None, key: 
                       " HF directory or a training run) or a server's base URL")
   if remote.is_url(source):
     return PrimaryScorer(genrm.GenrmJudge(
-        genrm.ChatAnswers(source, section.judge_max_new_tokens), section.aggregation,
-        bool(section.judge_guidelines)))
+        genrm.ServedAnswers(source, section.judge_max_new_tokens, section.judge_model),
+        section.aggregation, bool(section.judge_guidelines)))
   return JUDGES[judge](section, rt, key)
