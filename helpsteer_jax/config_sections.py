@@ -212,6 +212,8 @@ def scorer_section(**overrides) -> ml_collections.ConfigDict:
       judge="",
       judge_max_new_tokens=512,  # a judge's answer, in tokens
       aggregation="mean_score",  # a GenRM's judgements in a group -> rewards ("win_count")
+      judge_guidelines=True,  # genrm: the full prompt (False: the short one, for small models)
+      judge_model="",  # a served judge's model name ("" = the one the server lists first)
       principle="",              # a principle RM's principle where a row names none
       # principle_verifier (rl:principle): the training reward when a verdict token is not
       # in the top 20 or the answer has no judgement (NeMo-RL's)

@@ -143,6 +143,16 @@ def assert_same(a: pathlib.Path, b: pathlib.Path, *names: str) -> None:
     assert (a / name).read_bytes() == (b / name).read_bytes(), name
 
 
+def assert_same_metrics(one: list[dict], two: list[dict], exact: tuple[str, ...]) -> None:
+  """Two runs' metrics rows: `exact` keys and eval_* equal, the others to float rounding."""
+  for a, b in zip(one, two):
+    for key in a:
+      if key in exact or key.startswith("eval_"):
+        assert a[key] == b[key], (a["step"], key)
+      else:
+        np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
 def lines(path: pathlib.Path) -> int:
   return path.read_bytes().count(b"\n") if path.exists() else 0
 

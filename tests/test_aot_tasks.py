@@ -119,12 +119,14 @@ def test_abstract_step_compiles_on_the_cpu_mesh(case):
     # A principle judge on the mesh is a causal LM (no attribute model), with its own
     # engine when it reasons; beside the attribute model when combined with it.
     ({"algorithm": "dapo", "scorer.judge": "principle", "scorer.source": "/runs/judge",
-      "scorer.judge_max_new_tokens": 0}, {"engine", "principle_judge"}),
+      "scorer.judge_max_new_tokens": 0}, {"engine", "judge"}),
     ({"algorithm": "dapo", "scorer.source": "/runs/attribute_model",
       "scorer.principle_source": "/runs/judge", "scorer.batch_size": 3,
-      "scorer.max_len": 256}, {"engine", "attribute_model", "principle_judge"}),
+      "scorer.max_len": 256}, {"engine", "attribute_model", "judge"}),
     ({"algorithm": "dapo", "scorer.source": "/runs/attribute_model",
       "scorer.principle_source": "http://judge:8000/v1"}, {"engine", "attribute_model"}),
+    # a GenRM's verifier runs on the host: no attribute model, and no reference without KL
+    ({"scorer.source": "genrm_verifier", "loss.beta": 0.0}, {"engine"}),
 ])
 def test_rl_step_counts_the_iteration_s_arrays(overrides, held):
   """The RL step compiles with what an iteration keeps in device memory as unread
@@ -152,11 +154,11 @@ def test_rl_step_counts_the_iteration_s_arrays(overrides, held):
   assert got == own + resident.per_device_bytes(arrays), (got, own)
   assert sum(spec.resident_bytes.values()) == resident.per_device_bytes(arrays)
   assert set(spec.resident_bytes) == {"engine_weights", "kv_cache"} | held - {"engine"}
-  if "principle_judge" in held:
-    _check_principle_judge(config, arrays["principle_judge"])
+  if "judge" in held:
+    _check_judge(config, arrays["judge"])
 
 
-def _check_principle_judge(config, judge):
+def _check_judge(config, judge):
   """The judge's weights are a causal LM of `scorer.model`'s shapes (LM head included);
   when it reasons, its engine's per-layer copy of the layers and a KV cache of
   `scorer.batch_size` rows (rounded up to the batch shards) of `scorer.max_len` tokens."""

@@ -27,9 +27,10 @@ the batch in optimizer steps of `train.global_batch` completions.
 
 Presets: the default (the demo AC-SFT run's tiny policy, demo prompts),
 `smollm2_135m`, `llama3_8b`, `llama3_70b` (HelpSteer2's PPO settings: lr 1e-7,
-KL 3e-3, the 0.65/0.8/0.45 reward), `principle` (RLBFF's principle judge trained by
-GRPO on HelpSteer3's principle rows, `prompts.train_path` their directory: see
-docs/tasks/principle_rm.md).
+KL 3e-3, the 0.65/0.8/0.45 reward); `genrm` (a GenRM trained by GRPO on HelpSteer3
+with the verifier reward: the demo, docs/tasks/genrm.md) and `genrm_llama3_70b`;
+`principle` (RLBFF's principle judge trained by GRPO on HelpSteer3's principle rows,
+`prompts.train_path` their directory: see docs/tasks/principle_rm.md).
 """
 
 import ml_collections
@@ -47,7 +48,10 @@ from helpsteer_jax.config_sections import (
   train_config,
 )
 
-PRESETS = ("demo", "smollm2_135m", "llama3_8b", "llama3_70b", "principle")
+PRESETS = ("demo", "smollm2_135m", "llama3_8b", "llama3_70b", "genrm", "genrm_llama3_70b",
+           "principle")
+GENRM_DEMO_DATA = "workdir/genrm_demo"  # python -m helpsteer_jax.runs.genrm_prompts writes it
+GENRM_DEMO_POLICY = "workdir/acsft_genrm"  # the AC-SFT run on its answer-format rows (65 steps)
 RENAMED = config_base.MODEL_RENAMED
 # HelpSteer2's PPO reward (arXiv 2406.08673): helpfulness, correctness and coherence only.
 PPO_WEIGHTS = {"helpfulness": 0.65, "correctness": 0.8, "coherence": 0.45, "complexity": 0.0,
@@ -66,10 +70,15 @@ def _prompts():
       # Steerable attributes drawn at random per prompt (0..4) instead of the run's values,
       # e.g. "complexity,verbosity": RL then sees (and the steering reward scores) many.
       sample_attributes="",
-      # "helpsteer3_principle": the paths hold HelpSteer3's principle config, each row the
-      # principle judge's prompt with its truth as the reference (rl:principle); "" above
-      format="",
-      domains="", languages=""))  # helpsteer3_principle: comma-separated filters
+      # "jsonl" (the paths above); HelpSteer3's files as judge prompts with their labels
+      # as each row's `reference`: "genrm" (the preference config: the dataset's
+      # directory, the config's, or a file; eval_path "" = its validation split;
+      # runs/genrm_prompts.py) or "principle" (the principle config, rl:principle)
+      format="jsonl",
+      feedback_path="",          # genrm: the feedback config ("" = <train_path>/feedback)
+      genrm_guidelines=True,     # genrm: the full prompt (False: the short one)
+      genrm_both_orders=False,   # genrm: each pair also shown the other way round
+      domains="", languages=""))  # genrm, principle: comma-separated filters ("" = every row)
 
 
 def _rollout():
@@ -171,7 +180,7 @@ def _principle(config):
   """RLBFF's principle judge trained by GRPO: HelpSteer3's principle rows as prompts, the
   judge's own signed log p(" Yes") - log p(" No") as the reward, unnormalised."""
   config.algorithm = "grpo"
-  config.prompts.format = "helpsteer3_principle"
+  config.prompts.format = "principle"
   config.scorer.source = "principle_verifier"
   for name in config.scorer.weights:
     config.scorer.weights[name] = 1.0 if name == "helpfulness" else 0.0
@@ -197,6 +206,32 @@ def _big(config, preset, *, lr, kl, tensor=1):
   config.mesh = config_base.mesh_config(data=1, fsdp=-1, tensor=tensor)
   scorer_on_mesh(config, preset)
   config.require_weights = preset != "smollm2_135m"
+  return config
+
+
+def _genrm(config, big: bool):
+  """A GenRM trained by GRPO on HelpSteer3 with NeMo-Aligner's verifier as the reward: the
+  one-reward slot weighed alone, no normalisation, no steering."""
+  config.algorithm = "grpo"
+  config.scorer = scorer_section(source="genrm_verifier")
+  config.scorer.weights.update({name: 0.0 for name in config.scorer.weights})
+  config.scorer.weights.helpfulness = 1.0
+  config.reward.normalize = "none"
+  config.reward.steer_coef = 0.0
+  config.prompts.update(format="genrm", sample_attributes="")
+  if big:  # long prompts (two responses, guidelines) and answers (analyses, then boxes);
+    # no KL term, so no reference is held beside the policy
+    config.rollout.update(max_new_tokens=2048, samples_per_prompt=8, prompts_per_iteration=16)
+    config.train.seq_len = 8192
+    config.loss.beta = 0.0
+    return config
+  config.prompts.update(train_path=GENRM_DEMO_DATA, genrm_guidelines=False)
+  config.init.source = GENRM_DEMO_POLICY
+  config.optimizer.lr = 3e-4
+  config.train.update(seq_len=512, num_steps=60, global_batch=32, micro_batch=32,
+                      eval_every=10, save_every=10)
+  config.rollout.update(prompts_per_iteration=8, samples_per_prompt=4, max_new_tokens=96)
+  config.prompts.eval_limit = 32
   return config
 
 
@@ -226,4 +261,8 @@ def get_config(preset: str = ""):
     return _big(config, preset, lr=1e-7, kl=3e-3)
   if preset == "llama3_70b":
     return _big(config, preset, lr=1e-7, kl=3e-3, tensor=8)
+  if preset == "genrm":
+    return _genrm(_demo(config), big=False)
+  if preset == "genrm_llama3_70b":
+    return _genrm(_big(config, "llama3_70b", lr=1e-7, kl=3e-3, tensor=8), big=True)
   raise config_base.unknown_preset("rl", preset, PRESETS)

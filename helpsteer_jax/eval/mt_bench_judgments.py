@@ -19,9 +19,9 @@ import tqdm
 
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.eval import mt_bench_grading
-from helpsteer_jax.eval.judge_client import JudgeError, JudgmentCache, OpenAIJudge
 from helpsteer_jax.eval.mt_bench_answers import conversation
 from helpsteer_jax.eval.mt_bench_data import JudgePrompt, Question
+from helpsteer_jax.judges.client import JudgeError, JudgmentCache, OpenAIJudge
 from helpsteer_jax.scoring import rewards
 from helpsteer_jax.scoring.scorer import Scorer, predict
 

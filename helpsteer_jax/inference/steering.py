@@ -185,7 +185,8 @@ def _json_requests(lines: Iterator[tuple[int, Any]], where: str, defaults, syste
       extra = {k: v for k, v in row.items() if k not in _ROW_KEYS + _ANSWER_KEYS}
       request = make_request(prompt, _row_attributes(row, defaults),
                              row.get("system") or system, extra)
-      yield dataclasses.replace(request, follow_ups=follow_ups)
+      yield dataclasses.replace(request, follow_ups=follow_ups, conversation=dataclasses.replace(
+          request.conversation, source=f"{where}:{line}"))
     except ValueError as e:
       raise DataError(where, line, str(e)) from None
 

@@ -12,11 +12,11 @@ counts them with the shardings the run gives them:
   and there are no LoRA adapters to switch off;
 - `attribute_model`: the scorer's weights (`config.scorer.model`) when it
   runs on the mesh (not the demo rules, a URL or a factory);
-- `principle_judge`: a principle judge's causal LM on the mesh (`scorer.judge=principle`
-  with a path as the source, or `scorer.principle_source` a path; `config.scorer.model`'s
-  shapes), and when it reasons first (`scorer.judge_max_new_tokens` > 0) its engine's
-  per-layer copy of the layers and a KV cache of `scorer.batch_size` rows of
-  `scorer.max_len` tokens;
+- `judge`: a generative judge's causal LM on the mesh (`scorer.judge` set with a path as
+  the source, or `scorer.principle_source` a path; `config.scorer.model`'s shapes), and
+  when it decodes (a GenRM always, a principle judge when it reasons first,
+  `scorer.judge_max_new_tokens` > 0) its engine's per-layer copy of the layers and a KV
+  cache of `scorer.batch_size` rows of `scorer.max_len` tokens;
 - `critic`: PPO's value model's train state (its own Adam moments).
 
 With `rollout.max_staleness=1` the engine is on the rollout devices instead, beside
@@ -39,7 +39,7 @@ from helpsteer_jax.inference import engine_steps
 from helpsteer_jax.models import builder
 from helpsteer_jax.models.reward import RewardModel, reward_model
 from helpsteer_jax.rl.settings import RLSettings
-from helpsteer_jax.scoring import principle_judge, remote, rules
+from helpsteer_jax.scoring import genrm, remote, rules
 from helpsteer_jax.scoring.load import is_factory
 from helpsteer_jax.scoring.principle_verifier import VERIFIER
 from helpsteer_jax.train import state as state_lib
@@ -48,25 +48,26 @@ from helpsteer_jax.train import state as state_lib
 def scorer_on_mesh(source: str) -> bool:
   """Whether `scorer.source` loads an attribute model onto the mesh (an empty source in
   a compile-only run stands for the preset's)."""
-  return not (source in (rules.DEMO_RULES, VERIFIER) or remote.is_url(source)
+  return not (source in (rules.DEMO_RULES, VERIFIER, genrm.VERIFIER) or remote.is_url(source)
               or is_factory(source))
 
 
 def judge_source(scorer: ml_collections.ConfigDict) -> str | None:
-  """Where the scorer section's principle judge is (None: it has none): the source with
-  `judge=principle`, else `principle_source`."""
-  if scorer.get("judge") == principle_judge.JUDGE:
+  """Where the scorer section's generative judge is (None: it has none): the source with
+  `judge` set (genrm, principle), else a principle judge's `principle_source`."""
+  if scorer.get("judge"):
     return str(scorer.source)
   return str(scorer.get("principle_source") or "") or None
 
 
-def _principle_judge(scorer: ml_collections.ConfigDict, rt: runtime.Runtime) -> dict:
-  """The judge's weights (a causal LM of `scorer.model`), and its engine when it reasons."""
+def _judge(scorer: ml_collections.ConfigDict, rt: runtime.Runtime) -> dict:
+  """The judge's weights (a causal LM of `scorer.model`), and its engine when it decodes:
+  a GenRM always (its answer is generated), a principle judge when it reasons."""
   cfg = runtime.build_model_config(scorer.model)
   judge = state_lib.split_model(nnx.eval_shape(lambda: builder.new_model(cfg)), rt.mesh,
                                 rt.rules, trainable=nnx.Param)
   out = {"weights": _abstract(judge.params, judge.param_shardings)}
-  if int(scorer.judge_max_new_tokens) > 0:
+  if scorer.get("judge") == "genrm" or int(scorer.judge_max_new_tokens) > 0:
     shards = sharding_lib.spec_shard_count(
         sharding_lib.logical_to_spec(("batch",), rt.rules), rt.mesh, 0)
     rows = -(-int(scorer.batch_size) // shards) * shards  # as make_engine rounds them
@@ -132,8 +133,8 @@ def resident_arrays(config: ml_collections.ConfigDict, rt: runtime.Runtime, s: R
     out["reference"] = _abstract(parts.params, parts.param_shardings)
   judge = judge_source(config.scorer)
   if judge is not None and scorer_on_mesh(judge):
-    out["principle_judge"] = _principle_judge(config.scorer, rt)
-  if config.scorer.get("judge") != principle_judge.JUDGE and scorer_on_mesh(
+    out["judge"] = _judge(config.scorer, rt)
+  if not config.scorer.get("judge") and scorer_on_mesh(
       config.scorer.source):
     scorer_cfg = runtime.build_model_config(config.scorer.model)
     rm = state_lib.split_model(nnx.eval_shape(lambda: reward_model(scorer_cfg)), rt.mesh,

@@ -1,14 +1,16 @@
 """The prompts an online task answers: a JSONL of `{"prompt", "attributes"?}` rows
-(HelpSteer2's rows included, each prompt once), a text file, or the demo's prompt
-generator; with the run's attribute values or random ones, tokenized, and those too
-long for a row left out (RL's rollouts, iterative DPO's rounds).
-
-`prompts.format=helpsteer3_principle` reads HelpSteer3's principle config instead: each
-row becomes the principle judge's prompt (`judges.principle.prompt_row`) with the human
-truth as its reference, and no attribute label (a judgement is not steered)."""
+(HelpSteer2's rows included, each prompt once), a text file, the demo's prompt
+generator, or HelpSteer3's files as judge prompts: `prompts.format=genrm`, the preference
+rows as GenRM prompts (`runs.genrm_prompts`), `prompts.format=principle`, the principle
+rows as the principle judge's prompts (`judges.principle.prompt_row`, no attribute label:
+a judgement is not steered), each with the human labels as its `reference`; with the
+run's attribute values or random ones, tokenized, and those too long for a row left out
+(RL's rollouts, iterative DPO's rounds). A GenRM's verifier reward needs each prompt's
+`reference`: checked here, before anything compiles."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import ml_collections
@@ -19,13 +21,15 @@ from helpsteer_jax.data.demo import rows as demo_rows
 from helpsteer_jax.data.formats import helpsteer3
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import steering
-from helpsteer_jax.judges import principle
+from helpsteer_jax.judges import genrm, principle
 from helpsteer_jax.rl import multiturn
 from helpsteer_jax.rl.rollout import Prompt
+from helpsteer_jax.runs import genrm_prompts
+from helpsteer_jax.scoring import genrm as genrm_scoring
 
 DEMO_TRAIN_SEED = 20_000  # the demo generator's seed for RL prompts (not the held-out one)
-PRINCIPLE_FORMAT = "helpsteer3_principle"
-FORMATS = ("", PRINCIPLE_FORMAT)
+PRINCIPLE_FORMAT = "principle"
+FORMATS = ("jsonl", "genrm", PRINCIPLE_FORMAT)
 
 
 def principle_requests(config, which: str) -> list[steering.Request]:
@@ -52,10 +56,13 @@ def principle_requests(config, which: str) -> list[steering.Request]:
 def read_requests(path: str, which: str, attributes: dict, config) -> list[steering.Request]:
   """The train or eval prompts (`path`, else the demo's), each prompt once."""
   pc = config.prompts
-  if pc.get("format", "") not in FORMATS:
-    raise ConfigError(f"prompts.format={pc.format!r}: one of {FORMATS}")
-  if pc.get("format", "") == PRINCIPLE_FORMAT:
+  fmt = pc.get("format", "jsonl")
+  if fmt not in FORMATS:
+    raise ConfigError(f"prompts.format={fmt!r}: one of {', '.join(FORMATS)}")
+  if fmt == PRINCIPLE_FORMAT:
     return principle_requests(config, which)
+  if fmt == "genrm":
+    return _genrm_requests(path, which, attributes, config)
   if path:
     requests = steering.read_requests(path, attributes, pc.system)
     seen, unique = set(), []
@@ -68,6 +75,41 @@ def read_requests(path: str, which: str, attributes: dict, config) -> list[steer
   texts = (demo_rows.heldout_prompts(pc.demo_train_prompts, DEMO_TRAIN_SEED)
            if which == "train" else demo_rows.heldout_prompts())
   return [steering.make_request(t, attributes, pc.system) for t in texts]
+
+
+def _genrm_requests(path: str, which: str, attributes: dict, config) -> list[steering.Request]:
+  """GenRM judge prompts from HelpSteer3 files: the train split of `train_path`, the
+  validation split of `eval_path` (else of `train_path`)."""
+  pc = config.prompts
+  source = path or (pc.train_path if which == "eval" else "")
+  if not source or not os.path.exists(os.path.expanduser(source)):
+    raise ConfigError(f"prompts.format=genrm reads HelpSteer3's preference config, and"
+                      f" prompts.train_path={source!r} is not there: give the dataset's"
+                      " directory (the demo's is written by python -m"
+                      " helpsteer_jax.runs.genrm_prompts workdir/genrm_demo)")
+  return genrm_prompts.read_requests(
+      source, "train" if which == "train" else "validation", attributes, pc.system,
+      guidelines=bool(pc.genrm_guidelines), both_orders=bool(pc.genrm_both_orders),
+      feedback_path=pc.feedback_path, domains=helpsteer3.filter_list(pc.domains),
+      languages=helpsteer3.filter_list(pc.languages))
+
+
+def check_references(requests: list[steering.Request], path: str, which: str) -> None:
+  """Every request carries a valid GenRM `reference` (the verifier's labels); ConfigError
+  naming the prompts and a DataError-style location for a malformed one."""
+  missing = [r for r in requests if r.extra.get("reference") is None]
+  if missing:
+    raise ConfigError(f"scorer.source={genrm_scoring.VERIFIER} checks each answer against"
+                      f" its prompt's reference, and {len(missing)} of {len(requests)}"
+                      f" {which} prompts ({path or 'the demo prompts'}) carry none: use"
+                      " prompts.format=genrm (HelpSteer3 files) or JSONL rows"
+                      " {\"prompt\", \"reference\": {\"scores\": [h1, h2], \"ranking\": z}}")
+  for i, r in enumerate(requests):
+    try:
+      genrm.check_reference(r.extra["reference"])
+    except ValueError as e:
+      where = r.conversation.source or f"{path}: prompt {i + 1}"
+      raise ConfigError(f"{where}: {e}") from None
 
 
 def _sampled_attributes(requests: list[steering.Request], names: str, seed: int,
@@ -98,6 +140,8 @@ def read_prompts(config: ml_collections.ConfigDict, attributes: dict, tokenizer:
                     sum(bool(r.follow_ups) for r in requests))
   if which == "eval" and pc.eval_limit:
     requests = requests[:pc.eval_limit]
+  if config.scorer.source == genrm_scoring.VERIFIER:
+    check_references(requests, path, which)
   if pc.sample_attributes:
     _sampled_attributes(requests, pc.sample_attributes, config.seed, 0 if which == "train" else 1)
   prompts = [Prompt(r, r.prompt_ids(tokenizer, add_bos)) for r in requests]

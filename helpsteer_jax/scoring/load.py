@@ -9,16 +9,27 @@
 - `http://host:port/v1`: a configs/serve.py server's attribute model, asked by
   process 0 (`remote.HttpScorer`);
 - `demo_rules`: the demo data's own rules;
+- `genrm_verifier`: NeMo-Aligner's GenRM verifier, each answer checked against its
+  prompt's reference (`genrm.verifier_rows`), the reward that trains a GenRM;
+- `principle_verifier`: the reward that trains a principle judge (RLBFF), read from the
+  policy's own log-probabilities of its verdict (`principle_verifier`, given the
+  policy's tokenizer: the rl task alone);
 - `package.module:function`: a user's factory, called with `config.scorer`,
   returning a function conversations -> [n, 9] (host-side: each process
-  scores its share);
-- with `scorer.judge=principle`: a principle judge (RLBFF), a causal LM or a server
-  (`principle_judge`; reasoning first with `judge_max_new_tokens` > 0: on the mesh,
-  `inference.principle_reasoning` decodes on the engine, a layer above this one, so it
-  is imported by name when a run asks for it, as the model families are);
-  `principle_verifier`: the training reward of a principle judge
-  that RL trains (`principle_verifier`, given the policy's tokenizer); and with
-  `scorer.principle_source` set, the attribute model plus that judge (`combine`).
+  scores its share).
+
+With `scorer.judge` set the source is a generative judge instead, a server's base URL
+(asked by process 0) or a causal LM on the mesh:
+
+- `genrm` (`genrm.GenrmJudge`): pairwise judgements within each context group, served
+  through /v1/chat/completions or decoded on the engine (`inference.judge`);
+- `principle` (`principle_judge`): log p(" Yes") - log p(" No") at the verdict, served
+  through /v1/completions or one forward pass on the mesh, after the judge's reasoning
+  when `judge_max_new_tokens` > 0 (`inference.principle_reasoning` decodes it).
+
+What decodes on the engine is a layer above this one, so `JUDGES` imports it by name
+when a run asks for it, as the model families are. With `scorer.principle_source` set,
+the scorer is the attribute model plus that principle judge (`combine`).
 
 Every one is a `scorer.Scorer`: called on every process with the same
 conversations, it returns the same [n, 9] predictions everywhere.
@@ -40,15 +51,18 @@ from helpsteer_jax.load import model as loader
 from helpsteer_jax.models import hf, reward_hf
 from helpsteer_jax.models.reward import RewardModel
 from helpsteer_jax.registry import LazyRegistry
-from helpsteer_jax.scoring import principle_judge, remote, rules
+from helpsteer_jax.scoring import genrm, principle_judge, remote, rules
 from helpsteer_jax.scoring.combine import CombinedScorer
 from helpsteer_jax.scoring.model import ModelScorer
 from helpsteer_jax.scoring.principle_verifier import VERIFIER, PrincipleVerifier
 from helpsteer_jax.scoring.scorer import HostScorer, PrimaryScorer, Scorer
 
-# A principle judge that reasons before its verdict, on the mesh: (LocalJudge, model, rt,
-# max_new_tokens) -> Scorer.
-REASONING = LazyRegistry({
+JUDGE_KINDS = ("genrm", principle_judge.JUDGE)
+# What decodes a judge's answers on the mesh (the engine, a layer above this one: imported
+# by name when a run asks for it, as the model families are). genrm: (section, rt, key) ->
+# Scorer; principle's reasoning: (LocalJudge, model, rt, max_new_tokens) -> Scorer.
+JUDGES = LazyRegistry({
+    "genrm": "helpsteer_jax.inference.judge:load_genrm",
     principle_judge.JUDGE: "helpsteer_jax.inference.principle_reasoning:ReasoningJudge"})
 
 
@@ -127,13 +141,12 @@ def check_source(source: str, key: str = "scorer.source") -> str:
                       f" (http://127.0.0.1:8000/v1), {rules.DEMO_RULES}, or"
                       " package.module:function (a factory taking config.scorer and"
                       " returning a function conversations -> [n, 9] predictions)")
-  if (source not in (rules.DEMO_RULES, VERIFIER) and not remote.is_url(source)
-      and not is_factory(source)
-      and not pathlib.Path(source).expanduser().exists()):
+  if (source not in (rules.DEMO_RULES, genrm.VERIFIER, VERIFIER) and not remote.is_url(source)
+      and not is_factory(source) and not pathlib.Path(source).expanduser().exists()):
     raise ConfigError(f"{key}={source!r}: no such file or directory, URL or"
                       " package.module:function; give an attribute_model workdir or its HF"
                       " export, a server's base URL (http://host:port/v1), a factory, or"
-                      f" {rules.DEMO_RULES}")
+                      f" {rules.DEMO_RULES} ({genrm.VERIFIER}: a GenRM's training reward)")
   return source
 
 
@@ -164,7 +177,7 @@ def principle_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime | N
                                      max_len=int(section.max_len),
                                      add_bos=bool(section.add_bos),
                                      principle_text=str(section.principle))
-  return REASONING[principle_judge.JUDGE](judge, model, rt, steps) if steps else judge
+  return JUDGES[principle_judge.JUDGE](judge, model, rt, steps) if steps else judge
 
 
 def load_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime | None,
@@ -180,8 +193,11 @@ def load_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime | None,
     return CombinedScorer(load_scorer(attribute, rt, key, tokenizer), judge,
                           float(section.principle_coef))
   source = check_source(str(section.source or ""), key)
-  if section.get("judge") == principle_judge.JUDGE:
-    return principle_scorer(section, rt, source, key, str(section.tokenizer))
+  judge = str(section.get("judge") or "")
+  if judge:
+    return _judge(section, rt, key, judge, source)
+  if source == genrm.VERIFIER:
+    return HostScorer(genrm.verifier_rows)
   if source == VERIFIER:
     if tokenizer is None:
       raise ConfigError(f"{key}={VERIFIER} reads the policy's own log-probabilities of its"
@@ -198,3 +214,19 @@ def load_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime | None,
   return model_scorer(section, rt, key)
 
 
+def _judge(section: ml_collections.ConfigDict, rt: runtime.Runtime | None, key: str,
+           judge: str, source: str) -> Scorer:
+  """A generative judge `judge` at `source`: served (a URL) or on the mesh."""
+  if judge not in JUDGE_KINDS:
+    raise ConfigError(f"{key.rsplit('.', 1)[0]}.judge={judge!r}: expected one of"
+                      f" {', '.join(JUDGE_KINDS)} (or empty: an attribute model)")
+  if source in (rules.DEMO_RULES, genrm.VERIFIER, VERIFIER) or is_factory(source):
+    raise ConfigError(f"{key}={source!r} with judge={judge}: the judge is a causal LM (an"
+                      " HF directory or a training run) or a server's base URL")
+  if judge == principle_judge.JUDGE:
+    return principle_scorer(section, rt, source, key, str(section.tokenizer))
+  if remote.is_url(source):
+    return PrimaryScorer(genrm.GenrmJudge(
+        genrm.ServedAnswers(source, section.judge_max_new_tokens, section.judge_model),
+        section.aggregation, bool(section.judge_guidelines)))
+  return JUDGES[judge](section, rt, key)

@@ -48,7 +48,7 @@ class PrincipleVerifier:
           " output; the principle judge's training reward reads the policy's own"
           " log-probabilities of its verdict, which only on-policy single-turn rollouts"
           " of prompts with a reference carry (rollout.max_staleness=0,"
-          " rollout.multi_turn=false, prompts.format=helpsteer3_principle)")
+          " rollout.multi_turn=false, prompts.format=principle)")
     ids = list(output.token_ids)
     pos = principle.judgement_position(ids, self._decode, self.tokens)
     if pos is None:

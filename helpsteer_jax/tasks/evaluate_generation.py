@@ -21,9 +21,9 @@ import ml_collections
 from helpsteer_jax import multihost, processes, weights
 from helpsteer_jax.errors import ConfigError, HelpsteerError
 from helpsteer_jax.eval import mt_bench_data, mt_bench_judgments, mt_bench_report
-from helpsteer_jax.eval.judge_client import JudgmentCache, OpenAIJudge
 from helpsteer_jax.eval.mt_bench_answers import answer_all
 from helpsteer_jax.inference import steering
+from helpsteer_jax.judges.client import JudgmentCache, OpenAIJudge
 from helpsteer_jax.runs import setup as setup_lib
 from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.runs.generation import build_generator, sampling_config

@@ -34,6 +34,18 @@ def _openai():
   return openai
 
 
+def served_models(base_url: str, api_key_env: str = "OPENAI_API_KEY") -> list[str]:
+  """The model ids an OpenAI-compatible endpoint lists (ConfigError when it cannot be
+  asked)."""
+  openai = _openai()
+  key = os.environ.get(api_key_env, "") if api_key_env else ""
+  client = openai.OpenAI(base_url=base_url, api_key=key or "none", max_retries=1)
+  try:
+    return [m.id for m in client.models.list()]
+  except openai.APIError as e:
+    raise ConfigError(f"{base_url}: listing its models failed: {e}") from None
+
+
 class OpenAIJudge:
   """Chat completions from `model` at `base_url` (temperature 0, as FastChat)."""
 

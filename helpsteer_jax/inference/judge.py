@@ -1,0 +1,85 @@
+"""A generative judge on the mesh: a causal LM (an HF directory or a training run, through
+`load.model.load_model`) answering judge prompts greedily on the engine's batch API.
+
+Every process runs the same engine over the same prompts (the engine is SPMD over the
+mesh), so greedy answers, and the rewards read from them, are the same everywhere. A
+prompt is rendered as the judge was trained on it: one user turn in the SteerLM chat
+format with the model's own requested attributes (`steering.run_attributes`).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+from absl import logging
+
+from helpsteer_jax import runtime, weights
+from helpsteer_jax.config_sections import init_config, steer_config
+from helpsteer_jax.data import template
+from helpsteer_jax.data.chat_template import NO_LABELS
+from helpsteer_jax.data.records import Conversation, Turn
+from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.inference import steering
+from helpsteer_jax.inference.generator import Generator, make_engine
+from helpsteer_jax.load import model as loader
+from helpsteer_jax.models import hf
+from helpsteer_jax.scoring.genrm import GenrmJudge
+
+
+class EngineAnswers:
+  """Judge prompts -> greedy answers of `generator`, in batches of the engine's rows."""
+
+  def __init__(self, generator: Generator, max_new_tokens: int, system: str,
+               attributes: dict[str, int]):
+    self.generator, self.max_new_tokens = generator, int(max_new_tokens)
+    self.system, self.attributes = system, attributes
+
+  def render(self, text: str) -> str:
+    return template.generation_prompt(
+        Conversation(system=self.system, turns=(Turn("User", text),)), self.attributes)
+
+  def __call__(self, prompts):
+    """The answers; "" (a judgement that does not parse: skipped) for a prompt that leaves
+    no room for `max_new_tokens` in the engine's rows."""
+    rendered = [self.render(p) for p in prompts]
+    room = self.generator.engine.max_length - self.max_new_tokens
+    fits = [len(self.generator.encode(text)) <= room for text in rendered]
+    if not all(fits):
+      logging.warning("GenRM judge: %d of %d prompts are longer than %d tokens"
+                      " (scorer.max_len - scorer.judge_max_new_tokens) and are not judged",
+                      fits.count(False), len(fits), room)
+    outputs = iter(self.generator.complete(
+        [t for t, ok in zip(rendered, fits) if ok], self.max_new_tokens))
+    answers = []
+    for ok in fits:
+      output = next(outputs) if ok else None
+      answers.append(steering.response_text(output.text, output.finish_reason)
+                     if output is not None else "")
+    return answers
+
+
+def load_genrm(section: ml_collections.ConfigDict, rt: runtime.Runtime | None,
+               key: str = "scorer.source") -> GenrmJudge:
+  """The GenRM at `section.source` (an HF causal-LM directory or a run) as a scorer."""
+  if rt is None:
+    raise ValueError("a local judge needs the runtime's mesh")
+  config = ml_collections.ConfigDict(dict(
+      model=section.model.copy_and_resolve_references(), init=init_config(source=section.source),
+      seed=0, tokenizer=section.tokenizer, steer=steer_config(), steer_attributes=""))
+  if not (weights.hf_dir(config.init) or weights.orbax_run(config.init)):
+    raise ConfigError(f"{key}={section.source!r} is neither an HF causal-LM directory nor a"
+                      " training run: a GenRM judge is a language model")
+  tokenizer = hf.load_tokenizer(runtime.find_tokenizer(
+      section.tokenizer, weights.hf_dir(config.init), weights.orbax_run(config.init),
+      key=key.rsplit(".", 1)[0] + ".tokenizer"))
+  model = loader.load_model(config, rt, loader.DECODE)
+  runtime.check_tokenizer_fits(tokenizer, model.cfg.vocab_size,
+                               "set --config.scorer.tokenizer to the judge's")
+  pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+  engine = make_engine(model, rt.mesh, tokenizer, rules=rt.rules,
+                       max_batch=int(section.batch_size), max_length=int(section.max_len),
+                       pad_id=int(pad))
+  spec = weights.steer_spec(config) or NO_LABELS
+  attributes = steering.run_attributes(config, spec) if spec.attributes else {}
+  answers = EngineAnswers(Generator(engine, add_bos=bool(section.add_bos)),
+                          section.judge_max_new_tokens, template.DEFAULT_SYSTEM, attributes)
+  return GenrmJudge(answers, section.aggregation, bool(section.judge_guidelines))
