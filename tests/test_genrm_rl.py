@@ -5,7 +5,6 @@ prompts carry no reference before anything compiles, and a GenRM judging a group
 completions (`scorer.judge=genrm`): a fake judge's aggregation re-derived in NumPy, a
 served judge behind best-of-n, a local one on the engine."""
 
-import gzip
 import json
 from unittest import mock
 
@@ -29,6 +28,8 @@ from helpsteer_jax.runs import genrm_prompts, prompts
 from helpsteer_jax.scoring import genrm as genrm_scoring
 from helpsteer_jax.scoring import load, rewards
 from helpsteer_jax.scoring.scorer import HostScorer, PrimaryScorer
+
+from test_helpsteer3_data import write_rows
 
 HELP = ATTRIBUTES.index("helpfulness")
 
@@ -69,19 +70,10 @@ FEEDBACK = [
 ]
 
 
-def _write(root, config, rows, split="train"):
-  path = root / config / f"{split}.jsonl.gz"
-  path.parent.mkdir(parents=True, exist_ok=True)
-  with gzip.open(path, "wt", encoding="utf-8") as f:
-    for row in rows:
-      f.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
-  return path
-
-
 @pytest.fixture
 def hs3(tmp_path):
-  _write(tmp_path, "preference", PREFERENCE)
-  _write(tmp_path, "feedback", FEEDBACK)
+  write_rows(tmp_path, "preference", PREFERENCE)
+  write_rows(tmp_path, "feedback", FEEDBACK)
   return tmp_path
 
 
@@ -108,14 +100,14 @@ def test_preference_rows_become_judge_prompts_with_their_labels(hs3):
 
 
 def test_a_bad_row_names_its_file_and_line(hs3):
-  _write(hs3, "preference", PREFERENCE[:2] + [{**PREFERENCE[0], "overall_preference": "x"}])
+  write_rows(hs3, "preference", PREFERENCE[:2] + [{**PREFERENCE[0], "overall_preference": "x"}])
   with pytest.raises(DataError, match=r"preference/train.jsonl.gz.*3"):
     genrm_prompts.read_requests(str(hs3), "train", {}, "sys")
-  _write(hs3, "feedback", FEEDBACK[:1] + ["{not json"])
+  write_rows(hs3, "feedback", FEEDBACK[:1] + ["{not json"])
   with pytest.raises(DataError, match=r"feedback/train.jsonl.gz.*2"):
     genrm_prompts.read_requests(str(hs3), "train", {}, "sys")
-  _write(hs3, "preference", [{**PREFERENCE[2]}])  # ties only
-  _write(hs3, "feedback", FEEDBACK)
+  write_rows(hs3, "preference", [{**PREFERENCE[2]}])  # ties only
+  write_rows(hs3, "feedback", FEEDBACK)
   with pytest.raises(ConfigError, match="no HelpSteer3 preference row"):
     genrm_prompts.read_requests(str(hs3), "train", {}, "sys")
 
@@ -153,7 +145,7 @@ def test_prompts_without_references_fail_before_compiling(tmp_path, hs3):
     prompts.read_prompts(config, {}, None, True, 400, "train")
   # HelpSteer3 files: the train split for training, the validation split for evaluation
   tok = hf.load_tokenizer(demo_tokenizer.build_demo_tokenizer(tmp_path / "tok"))
-  _write(hs3, "preference", PREFERENCE[:1], "validation")
+  write_rows(hs3, "preference", PREFERENCE[:1], "validation")
   config.prompts.train_path = str(hs3)
   train = prompts.read_prompts(config, {}, tok, True, 400, "train")
   evals = prompts.read_prompts(config, {}, tok, True, 400, "eval")
@@ -301,7 +293,7 @@ def test_the_genrm_preset_trains_on_helpsteer3_rows_through_the_rl_loop(hs3, tmp
   the samples. The demo's learning curve: docs/tasks/genrm.md."""
   from cli_utils import run_main
   tok = demo_tokenizer.build_demo_tokenizer(tmp_path / "tok")
-  _write(hs3, "preference", PREFERENCE[:2], "validation")
+  write_rows(hs3, "preference", PREFERENCE[:2], "validation")
   workdir = tmp_path / "run"
   run_main("--config=configs/rl.py:genrm", "--config.init.source=", f"--config.tokenizer={tok}",
            "--config.model.hidden_size=64", "--config.model.intermediate_size=128",

@@ -58,7 +58,8 @@ ROWS = {
 }
 
 
-def _write(root, config, rows, split="train"):
+def write_rows(root, config, rows, split="train"):
+  """`rows` (objects, or raw lines) as HelpSteer3's `<config>/<split>.jsonl.gz` under `root`."""
   path = root / config / f"{split}.jsonl.gz"
   path.parent.mkdir(parents=True, exist_ok=True)
   with gzip.open(path, "wt", encoding="utf-8") as f:
@@ -70,8 +71,8 @@ def _write(root, config, rows, split="train"):
 @pytest.fixture
 def hs3(tmp_path):
   for config, rows in ROWS.items():
-    _write(tmp_path, config, rows)
-    _write(tmp_path, config, rows[:1], "validation")
+    write_rows(tmp_path, config, rows)
+    write_rows(tmp_path, config, rows[:1], "validation")
   return tmp_path
 
 
@@ -127,7 +128,7 @@ def test_domain_and_language_filters_and_sources(hs3):
 def test_a_system_message_is_the_conversation_system_prompt(tmp_path):
   row = {**ROWS["principle"][0],
          "context": [{"role": "system", "content": "Be brief."}, *CONTEXT]}
-  _write(tmp_path, "principle", [row])
+  write_rows(tmp_path, "principle", [row])
   conv = helpsteer3.read_helpsteer3(tmp_path, "principle")[0].context.conversation
   assert conv.system == "Be brief." and len(conv.turns) == 3
 
@@ -142,7 +143,7 @@ def test_a_system_message_is_the_conversation_system_prompt(tmp_path):
     ({"individual_preference": [{"reasoning": "no score"}]}, "individual_preference"),
 ])
 def test_a_bad_preference_row_names_its_file_and_line(tmp_path, change, reason):
-  path = _write(tmp_path, "preference", [ROWS["preference"][0],
+  path = write_rows(tmp_path, "preference", [ROWS["preference"][0],
                                          {**ROWS["preference"][0], **change}])
   with pytest.raises(DataError, match=reason) as e:
     helpsteer3.read_helpsteer3(tmp_path, "preference")
@@ -154,10 +155,10 @@ def test_a_bad_preference_row_names_its_file_and_line(tmp_path, change, reason):
 
 
 def test_bad_rows_of_the_other_configs(tmp_path):
-  _write(tmp_path, "principle", [{**ROWS["principle"][0], "fulfilment": "Maybe"}])
+  write_rows(tmp_path, "principle", [{**ROWS["principle"][0], "fulfilment": "Maybe"}])
   with pytest.raises(DataError, match="fulfilment is neither Yes nor No"):
     helpsteer3.read_helpsteer3(tmp_path, "principle")
-  _write(tmp_path, "feedback", [{**ROWS["feedback"][0], "feedback1": [3]}, "{not json"])
+  write_rows(tmp_path, "feedback", [{**ROWS["feedback"][0], "feedback1": [3]}, "{not json"])
   report = BadRecordReport()
   assert helpsteer3.read_helpsteer3(tmp_path, "feedback", on_bad_record="skip",
                                     report=report) == []
