@@ -17,12 +17,10 @@ from helpsteer_jax.config_sections import init_config, steer_config
 from helpsteer_jax.data import template
 from helpsteer_jax.data.chat_template import NO_LABELS
 from helpsteer_jax.data.records import Conversation, Turn
-from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.generator import Generator, make_engine
-from helpsteer_jax.load import model as loader
-from helpsteer_jax.models import hf
 from helpsteer_jax.scoring.genrm import GenrmJudge
+from helpsteer_jax.scoring.load import judge_model
 
 
 class EngineAnswers:
@@ -60,20 +58,11 @@ class EngineAnswers:
 def load_genrm(section: ml_collections.ConfigDict, rt: runtime.Runtime | None,
                key: str = "scorer.source") -> GenrmJudge:
   """The GenRM at `section.source` (an HF causal-LM directory or a run) as a scorer."""
-  if rt is None:
-    raise ValueError("a local judge needs the runtime's mesh")
   config = ml_collections.ConfigDict(dict(
       model=section.model.copy_and_resolve_references(), init=init_config(source=section.source),
       seed=0, tokenizer=section.tokenizer, steer=steer_config(), steer_attributes=""))
-  if not (weights.hf_dir(config.init) or weights.orbax_run(config.init)):
-    raise ConfigError(f"{key}={section.source!r} is neither an HF causal-LM directory nor a"
-                      " training run: a GenRM judge is a language model")
-  tokenizer = hf.load_tokenizer(runtime.find_tokenizer(
-      section.tokenizer, weights.hf_dir(config.init), weights.orbax_run(config.init),
-      key=key.rsplit(".", 1)[0] + ".tokenizer"))
-  model = loader.load_model(config, rt, loader.DECODE)
-  runtime.check_tokenizer_fits(tokenizer, model.cfg.vocab_size,
-                               "set --config.scorer.tokenizer to the judge's")
+  model, tokenizer = judge_model(section, rt, str(section.source), key,
+                                 str(section.tokenizer), config)
   pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
   engine = make_engine(model, rt.mesh, tokenizer, rules=rt.rules,
                        max_batch=int(section.batch_size), max_length=int(section.max_len),

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import importlib
 import pathlib
+from typing import Any
 
 import ml_collections
 
@@ -150,6 +151,31 @@ def check_source(source: str, key: str = "scorer.source") -> str:
   return source
 
 
+def judge_model(section: ml_collections.ConfigDict, rt: runtime.Runtime | None, source: str,
+                key: str, tokenizer_dir: str = "",
+                config: ml_collections.ConfigDict | None = None) -> tuple[Any, Any]:
+  """A generative judge's causal LM at `source` (an HF directory or a run) on `rt`'s mesh,
+  loaded DECODE with `section.model`'s family and numerics (or `config`'s, which names
+  the source), and its tokenizer (`tokenizer_dir`, else its source's)."""
+  if rt is None:
+    raise ValueError("a local judge needs the runtime's mesh")
+  if config is None:
+    config = ml_collections.ConfigDict(dict(
+        model=section.model.copy_and_resolve_references(), init=init_config(source=source),
+        seed=0))
+  init = config.init
+  if not (weights.hf_dir(init) or weights.orbax_run(init)):
+    raise ConfigError(f"{key}={source!r} is neither an HF causal-LM directory nor a"
+                      " training run: a generative judge is a language model")
+  tokenizer = hf.load_tokenizer(runtime.find_tokenizer(
+      tokenizer_dir, weights.hf_dir(init), weights.orbax_run(init),
+      key=key.rsplit(".", 1)[0] + ".tokenizer"))
+  model = loader.load_model(config, rt, loader.DECODE)
+  runtime.check_tokenizer_fits(tokenizer, model.cfg.vocab_size,
+                               "set --config.scorer.tokenizer to the judge's")
+  return model, tokenizer
+
+
 def principle_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime | None,
                      source: str, key: str, tokenizer_dir: str = "") -> Scorer:
   """A principle judge at `source`: a server's URL, else a causal LM on `rt`'s mesh (its
@@ -162,17 +188,7 @@ def principle_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime | N
     return PrimaryScorer(principle_judge.HttpJudge(source, str(section.principle),
                                                    int(section.batch_size),
                                                    max_new_tokens=steps))
-  if rt is None:
-    raise ValueError("a local principle judge needs the runtime's mesh")
-  init = init_config(source=source)
-  config = ml_collections.ConfigDict(dict(model=section.model.copy_and_resolve_references(),
-                                          init=init, seed=0))
-  tokenizer = hf.load_tokenizer(runtime.find_tokenizer(
-      tokenizer_dir, weights.hf_dir(init), weights.orbax_run(init),
-      key=key.rsplit(".", 1)[0] + ".tokenizer"))
-  model = loader.load_model(config, rt, loader.DECODE)
-  runtime.check_tokenizer_fits(tokenizer, model.cfg.vocab_size,
-                               "set --config.scorer.tokenizer to the judge's")
+  model, tokenizer = judge_model(section, rt, source, key, tokenizer_dir)
   judge = principle_judge.LocalJudge(model, rt, tokenizer, batch_size=int(section.batch_size),
                                      max_len=int(section.max_len),
                                      add_bos=bool(section.add_bos),
