@@ -127,6 +127,9 @@ def test_abstract_step_compiles_on_the_cpu_mesh(case):
       "scorer.principle_source": "http://judge:8000/v1"}, {"engine", "attribute_model"}),
     # a GenRM's verifier runs on the host: no attribute model, and no reference without KL
     ({"scorer.source": "genrm_verifier", "loss.beta": 0.0}, {"engine"}),
+    # a GenRM judge on the mesh always decodes its answers: its engine too
+    ({"algorithm": "dapo", "scorer.judge": "genrm", "scorer.source": "/runs/genrm",
+      "scorer.batch_size": 3, "scorer.max_len": 256}, {"engine", "judge"}),
 ])
 def test_rl_step_counts_the_iteration_s_arrays(overrides, held):
   """The RL step compiles with what an iteration keeps in device memory as unread

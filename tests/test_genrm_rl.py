@@ -309,3 +309,11 @@ def test_the_genrm_preset_trains_on_helpsteer3_rows_through_the_rl_loop(hs3, tmp
   assert [s["reference"] for s in samples] == [{"scores": [None, None], "ranking": 2},
                                                {"scores": [None, None], "ranking": 6}]
   assert all(s["reward"] == -100.0 for s in samples)
+
+
+def test_a_genrm_judge_without_an_answer_budget_is_refused():
+  from helpsteer_jax.scoring.load import load_scorer
+  section = scorer_section(source="http://127.0.0.1:9/v1", judge="genrm",
+                           judge_max_new_tokens=0)
+  with pytest.raises(ConfigError, match="judge_max_new_tokens=0: a GenRM writes its answer"):
+    load_scorer(section, None)

@@ -241,6 +241,10 @@ def _judge(section: ml_collections.ConfigDict, rt: runtime.Runtime | None, key: 
                       " HF directory or a training run) or a server's base URL")
   if judge == principle_judge.JUDGE:
     return principle_scorer(section, rt, source, key, str(section.tokenizer))
+  if int(section.judge_max_new_tokens) < 1:
+    raise ConfigError(f"{key.rsplit('.', 1)[0]}.judge_max_new_tokens="
+                      f"{section.judge_max_new_tokens}: a GenRM writes its answer (its"
+                      " analysis and \\boxed{} scores); give its budget in tokens")
   if remote.is_url(source):
     return PrimaryScorer(genrm.GenrmJudge(
         genrm.ServedAnswers(source, section.judge_max_new_tokens, section.judge_model),
