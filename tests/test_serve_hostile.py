@@ -19,8 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpsteer_jax.data import template
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.serve import guard
+from helpsteer_jax.serve import guard, protocol
 from helpsteer_jax.tasks import serve as serve_task
 
 from serve_utils import KEY, MAX_LENGTH, MAX_TOKENS, own_server, serve_config
@@ -30,6 +31,8 @@ LONG = MAX_TOKENS  # tokens: long enough a generation to go away from, or to sto
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 2}
 ITEM = {"messages": [{"role": "user", "content": "Hi."}], "response": "Hello."}
 AUTH = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+TEXT = template.regression_text(protocol.scored_conversation(
+    [protocol.Message(**m) for m in ITEM["messages"]], ITEM["response"]))
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +209,11 @@ def test_openapi_documents_every_body_and_error(server, http, schemas):
   bodies = {"/v1/chat/completions": ("ChatRequest", CHAT),
             "/v1/completions": ("CompletionRequest", {"model": "tiny", "prompt": [1, 2],
                                                       "max_tokens": 2}),
-            "/v1/rewards": ("RewardRequest", {"items": [ITEM], "weights": {"coherence": 1}})}
+            "/v1/rewards": ("RewardRequest", {"items": [ITEM], "weights": {"coherence": 1}}),
+            "/get_reward": ("GetRewardRequest", {"query": [TEXT], "prompts": [""],
+                                                 "labels": [None]}),
+            "/classify": ("ClassifyRequest", {"model": "tiny", "input": [TEXT],
+                                              "activation": False})}
   for path, (name, example) in bodies.items():
     post = spec["paths"][path]["post"]
     schema = post["requestBody"]["content"]["application/json"]["schema"]
@@ -221,7 +228,8 @@ def test_openapi_documents_every_body_and_error(server, http, schemas):
     e = http.post(path, json={**example, "unknown_field": 1})
     assert e.status_code == 400
     _valid(e.json(), "ErrorResponse", schemas)
-  assert "404" in spec["paths"]["/v1/rewards"]["post"]["responses"]
+  for path in ("/v1/rewards", "/get_reward", "/classify"):
+    assert "404" in spec["paths"][path]["post"]["responses"]
   assert "401" in spec["paths"]["/v1/models"]["get"]["responses"]
   for refusal in (http.get("/v1/models", headers={"Authorization": "Bearer wrong"}),
                   http.post("/v1/rewards", content="{}", headers={"Content-Type": "text/plain"}),

@@ -1,5 +1,5 @@
-"""The OpenAI-compatible HTTP API (FastAPI): models, chat, completions, rewards, stats,
-and the web playground at `/`.
+"""The OpenAI-compatible HTTP API (FastAPI): models, chat, completions, rewards (also in
+OpenRLHF's and vLLM's classify protocols), stats, and the web playground at `/`.
 
 Every request is checked before it reaches the engine; a bad one is a 4xx
 with OpenAI's error object and the server keeps serving. The routes
@@ -46,7 +46,8 @@ def create_app(policy: Policy, settings: Settings, attribute_model: AttributeMod
                  routes_info.stats_router):
     app.include_router(router)
   openapi.install(app, [protocol.ChatRequest, protocol.CompletionRequest,
-                        protocol.RewardRequest])
+                        protocol.RewardRequest, protocol.GetRewardRequest,
+                        protocol.ClassifyRequest])
   playground.add_routes(app, {
       "model": settings.model_name, "attributes": settings.attributes,
       "system": settings.system, "temperature": settings.temperature,

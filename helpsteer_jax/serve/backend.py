@@ -19,12 +19,14 @@ import numpy as np
 from absl import logging
 
 from helpsteer_jax import runtime, weights
+from helpsteer_jax.data.records import Conversation
 from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.engine import Engine
 from helpsteer_jax.inference.generator import make_engine
 from helpsteer_jax.load import model as loader
 from helpsteer_jax.scoring import rewards
 from helpsteer_jax.scoring.load import load_scorer
+from helpsteer_jax.scoring.model import ModelScorer
 from helpsteer_jax.scoring.scorer import Scorer
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -82,10 +84,12 @@ def load_policy(config: ml_collections.ConfigDict, rt: runtime.Runtime,
 
 @dataclasses.dataclass
 class AttributeModel:
-  """The scorer behind /v1/rewards and the default weights of its reward."""
+  """The scorer behind the reward routes, the default weights of its reward, and the length
+  of a conversation's input ids (None: a source whose input this server does not build)."""
 
   scorer: Scorer
   weights: np.ndarray
+  tokens: Callable[[Conversation], int] | None = None
 
 
 def load_attribute_model(config: ml_collections.ConfigDict,
@@ -96,4 +100,8 @@ def load_attribute_model(config: ml_collections.ConfigDict,
     return None
   scorer = load_scorer(config.scorer, rt)
   logging.info("attribute model loaded from %s", config.scorer.source)
-  return AttributeModel(scorer, rewards.weight_vector(config.scorer.weights.to_dict()))
+  tokens = None
+  if isinstance(scorer, ModelScorer):
+    tok = scorer.tok
+    tokens = lambda conv: len(tok.ids(conv))  # noqa: E731 - fits: the scorer scored it
+  return AttributeModel(scorer, rewards.weight_vector(config.scorer.weights.to_dict()), tokens)

@@ -2,10 +2,11 @@
 
 In order: the `Host` header against an allow-list (a page on another site
 that re-points its name at this machine, DNS rebinding, cannot read replies);
-the API key on `/v1/` (`Authorization: Bearer <key>`, the scheme in any case,
-as HTTP scheme names are); for POST, a JSON content type (a cross-site form
-or `text/plain` post cannot start a generation) and a body-size limit, checked
-before the body is read or parsed. HEAD is answered as GET without the body.
+the API key on `/v1/` and the RL frameworks' reward routes (`Authorization: Bearer
+<key>`, the scheme in any case, as HTTP scheme names are); for POST, a JSON
+content type (a cross-site form or `text/plain` post cannot start a generation) and
+a body-size limit, checked before the body is read or parsed.
+HEAD is answered as GET without the body.
 
 A plain ASGI middleware, not Starlette's `BaseHTTPMiddleware`: after the
 body, `receive` is the server's own, so a route still hears the client
@@ -24,6 +25,7 @@ from helpsteer_jax.serve import protocol
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 WILDCARD_BINDS = ("", "0.0.0.0", "::")
+KEYED_PATHS = ("/v1/", "/get_reward", "/classify")  # what the API key guards (prefixes)
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict]]
@@ -89,7 +91,7 @@ class Guard:
           f"the Host header {headers.get('host', '')!r} is not served here; the server"
           " answers " + ", ".join(sorted(self.hosts)) + " (serve.allowed_hosts)",
           code="invalid_host")
-    if self.api_key and scope["path"].startswith("/v1/") and not key_matches(
+    if self.api_key and scope["path"].startswith(KEYED_PATHS) and not key_matches(
         headers.get("authorization", ""), self.api_key):
       return protocol.ApiError("invalid or missing API key: send 'Authorization: Bearer <key>'",
                                401, code="invalid_api_key")

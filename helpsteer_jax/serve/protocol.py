@@ -13,10 +13,11 @@ import time
 import uuid
 from typing import Any, Literal
 
+import numpy as np
 import pydantic
 
 from helpsteer_jax.data import template
-from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
+from helpsteer_jax.data.records import ATTRIBUTES, NUM_ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.sampling import MAX_LOGPROBS
 
@@ -160,6 +161,50 @@ class RewardRequest(_Strict):
   weights: dict[str, float] | None = None
 
 
+class GetRewardRequest(_Strict):
+  """OpenRLHF's remote reward model body (`openrlhf/cli/serve_rm.py`, sent by
+  `remote_rm_fn_ray`): the rendered conversations, with their prompts and dataset labels
+  (both optional, one per query, not read: an attribute model needs neither)."""
+
+  query: list[str] = pydantic.Field(min_length=1)
+  prompts: list[str] | None = None
+  labels: list[Any] | None = None
+
+
+class ClassifyRequest(_Strict):
+  """vLLM's pooling `/classify` body (`ClassificationRequest`, as verl's reward loop sends
+  it). `activation` (vLLM before 0.11.2) and `use_activation` ask for a softmax over
+  class logits, which regression predictions do not have: only false (verl's) or absent is
+  taken. `add_special_tokens` is taken and changes nothing: the attribute model builds its
+  own input ids from the parsed conversation, as it was trained."""
+
+  model: str | None = None
+  input: str | list[str]
+  activation: bool | None = None
+  use_activation: bool | None = None
+  add_special_tokens: bool | None = None
+  user: str | None = None
+
+  @pydantic.field_validator("input", mode="before")
+  @classmethod
+  def _texts_only(cls, given: Any) -> Any:
+    if not (isinstance(given, str) or (isinstance(given, list)
+                                       and all(isinstance(t, str) for t in given))):
+      raise ValueError("give a text or a list of texts (this server takes no token ids)")
+    return given
+
+  def texts(self) -> list[str]:
+    texts = [self.input] if isinstance(self.input, str) else list(self.input)
+    if not texts:
+      raise ApiError("input: give a text or a non-empty list of texts", param="input")
+    for name in ("activation", "use_activation"):
+      if getattr(self, name):
+        raise ApiError(f"{name}: this model's outputs are regression predictions and their"
+                       " weighted reward, not class logits to softmax: send false or leave"
+                       " it out", param=name)
+    return texts
+
+
 def validation_error(error: pydantic.ValidationError) -> ApiError:
   """The first problem of a request body as a 400."""
   first = error.errors()[0]
@@ -277,3 +322,26 @@ def reward_rows(predictions, rewards) -> list[dict]:
                 "attributes": dict(zip(ATTRIBUTES, map(float, pred))) if scored else None,
                 "reward": float(reward) if scored else None})
   return out
+
+
+def classify_response(model: str, predictions: np.ndarray, rewards: np.ndarray,
+                      prompt_tokens: int | None) -> dict:
+  """vLLM's `ClassificationResponse` for [n, 9] predictions and their [n] rewards: each
+  item's `probs` is the nine predictions then the reward (`probs[-1]`, what verl reads),
+  its `label` the attribute predicted highest (vLLM's label: the argmax class's name)."""
+  rid, created = _ids("classify")
+  data = [{"index": i, "label": ATTRIBUTES[int(np.argmax(pred))],
+           "probs": [*map(float, pred), float(reward)], "num_classes": NUM_ATTRIBUTES + 1}
+          for i, (pred, reward) in enumerate(zip(predictions, rewards))]
+  return {"id": rid, "object": "list", "created": created, "model": model, "data": data,
+          "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens,
+                    "completion_tokens": 0, "prompt_tokens_details": None}}
+
+
+def get_reward_response(predictions: np.ndarray, rewards: np.ndarray) -> dict:
+  """OpenRLHF's reward body: `rewards` and `scores` (the weighted reward, which OpenRLHF's
+  dynamic filtering reads as `scores`) and `extra_logs`, one list per attribute."""
+  rewards_ = [float(r) for r in rewards]
+  return {"rewards": rewards_, "scores": list(rewards_),
+          "extra_logs": {name: [float(v) for v in predictions[:, j]]
+                         for j, name in enumerate(ATTRIBUTES)}}
