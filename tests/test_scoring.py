@@ -41,6 +41,31 @@ def test_a_regression_text_parses_back_to_its_conversation():
     template.parse_regression_text(template.sft_text(user_last) + template.LABEL_START)
 
 
+def test_a_rendered_steerlm_chat_parses_to_its_unlabelled_conversation():
+  # What a SteerLM policy's prompt and answer decode to: sft_text of the labelled turns,
+  # the last response closed by END_OF_TURN and TURN_START, or by one of them, or neither.
+  labelled = Conversation(CONV.system, tuple(
+      Turn(t.role, t.text, "quality:4,verbosity:1" if t.role == "Assistant" else None)
+      for t in CONV.turns), mask_role="User")
+  text = template.sft_text(labelled)
+  assert text.endswith("It is 6.\n<extra_id_1>")
+  prompt = template.generation_prompt(CONV, {"verbosity": 1})  # no label on earlier turns
+  for rendered in (text, text.removesuffix(template.TURN_START),
+                   text.removesuffix("\n" + template.TURN_START), prompt + "It is 6.",
+                   template.regression_text(CONV)):
+    parsed = template.parse_chat_text(rendered)
+    assert [(t.role, t.text, t.label) for t in parsed.turns] == [
+        (t.role, t.text, None) for t in CONV.turns], rendered
+    assert parsed.system == CONV.system
+  for bad, needle in (("no marker", "not a SteerLM chat"),
+                      (text[:text.rindex("<extra_id_1>Assistant")], "assistant turn"),
+                      (text.replace("verbosity:1\nIt is 6.", "verbosity:7\nIt is 6."),
+                       "outside 0..4"),
+                      (prompt.removesuffix("\n"), "has no end")):
+    with pytest.raises(ValueError, match=needle):
+      template.parse_chat_text(bad)
+
+
 def test_length_buckets_are_powers_of_two_up_to_max_len():
   assert length_buckets(512) == (64, 128, 256, 512)
   assert length_buckets(300) == (64, 128, 256, 300)

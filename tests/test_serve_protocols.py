@@ -11,6 +11,9 @@ References:
   0.11.2's `use_activation` / `add_special_tokens` spelling);
 - vLLM's `ClassificationResponse` (`id`, `object`, `created`, `model`, `data` of `index`,
   `label`, `probs`, `num_classes`, `usage`);
+- the conversations rendered as the attribute model's input (`template.regression_text`)
+  and as a SteerLM actor's sequences decode (`template.generation_prompt`, the answer,
+  BOS / EOS / padding tokens kept);
 - `/v1/rewards` on the same conversations, NumPy's weighting of its predictions, and
   transformers' PyTorch forward of the served attribute model's backbone with its head
   file applied in NumPy.
@@ -88,6 +91,15 @@ def test_get_reward_takes_openrlhfs_body_and_equals_v1_rewards(server, http, ref
   # The older client sends the query alone.
   alone = http.post("/get_reward", json={"query": TEXTS[:1]}).json()
   assert alone["rewards"] == got["rewards"][:1]
+  # What a SteerLM actor's sequences decode to (special tokens kept, left padding): the
+  # generation prompt with its label, the answer, its end of turn, then EOS and padding.
+  policy = hf.load_tokenizer(str(server.models / "policy"))
+  decoded = [f"{policy.pad_token * i}{policy.bos_token}"
+             f"{template.generation_prompt(conv, {'verbosity': i})}{conv.turns[-1].text}"
+             f"\n{template.TURN_START}{policy.eos_token}" for i, conv in enumerate(_convs())]
+  as_decoded = http.post("/get_reward", json={"query": decoded, "prompts": prompts,
+                                              "labels": [None] * 3}).json()
+  np.testing.assert_allclose(as_decoded["rewards"], got["rewards"], rtol=1e-6, atol=1e-6)
   assert server.stats()["compiles"] == server.warm_compiles
 
 
@@ -152,10 +164,10 @@ LONG = template.regression_text(protocol.scored_conversation(
 
 
 @pytest.mark.parametrize("path,body,param,needle", [
-    ("/get_reward", {"query": ["a rendered chat, not the attribute model's"]}, "query.0",
-     "not an attribute-model input"),
-    ("/get_reward", {"query": [TEXTS[0], TEXTS[1][:-3]]}, "query.1",
-     "not an attribute-model input"),
+    ("/get_reward", {"query": ["<|im_start|>user\nhi<|im_end|>"]}, "query.0",
+     "not a SteerLM chat"),
+    ("/get_reward", {"query": [TEXTS[0], TEXTS[1][:TEXTS[1].rindex("<extra_id_1>Assistant")]]},
+     "query.1", "ending in an assistant turn"),
     ("/get_reward", {"query": TEXTS, "prompts": ["a"]}, "prompts", "one per query (3)"),
     ("/get_reward", {"query": TEXTS[:1], "labels": ["a", "b"]}, "labels", "one per query"),
     ("/get_reward", {"query": []}, "query", "at least 1"),
@@ -165,9 +177,9 @@ LONG = template.regression_text(protocol.scored_conversation(
     ("/get_reward", {"query": [TEXTS[0], LONG]}, "query.1", "too long"),
     ("/classify", {"model": "tiny", "input": []}, "input", "non-empty list"),
     ("/classify", {"model": "tiny", "input": [[1, 2, 3]]}, "input", "no token ids"),
-    ("/classify", {"model": "tiny", "input": "not one"}, "input", "attribute-model input"),
+    ("/classify", {"model": "tiny", "input": "not one"}, "input", "not a SteerLM chat"),
     ("/classify", {"model": "tiny", "input": [TEXTS[0], "not one"]}, "input.1",
-     "attribute-model input"),
+     "not a SteerLM chat"),
     ("/classify", {"model": "tiny", "input": TEXTS[0], "activation": True}, "activation",
      "not class logits"),
     ("/classify", {"model": "other", "input": TEXTS[0]}, "model", "does not exist"),

@@ -259,7 +259,7 @@ def chat_template(spec: SteerSpec, add_bos: bool = True) -> str:
   return "\n".join(header + lines) + "\n" + _BODY.replace("BOS\n", bos + "\n" if bos else "")
 
 
-MARKERS = (template.SYSTEM_START, template.TURN_START, template.LABEL_START)
+MARKERS = template.MARKERS
 
 
 def split_markers(tokenizer) -> list[str]:

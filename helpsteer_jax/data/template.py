@@ -23,6 +23,7 @@ DEFAULT_SYSTEM = (
     "The assistant gives helpful, detailed, and polite answers to the user's questions.")
 SYSTEM_START, TURN_START, LABEL_START = "<extra_id_0>", "<extra_id_1>", "<extra_id_2>"
 END_OF_NAME = END_OF_TURN = "\n"
+MARKERS = (SYSTEM_START, TURN_START, LABEL_START)
 _PROMPT_MARKER = re.compile(r"\n<extra_id_1>(User|Assistant)\n")
 _SCORE = re.compile(r"-?[0-9]+")
 
@@ -184,6 +185,37 @@ def parse_regression_text(text: str) -> Conversation:
     raise ValueError("not an attribute-model input: expected a conversation ending in an"
                      f" assistant turn and {LABEL_START!r}")
   return conv
+
+
+def parse_chat_text(text: str) -> Conversation:
+  """The conversation of a rendered SteerLM chat that ends in a response, without labels
+  (what an attribute model scores); ValueError if `text` is none.
+
+  Either the attribute model's own input (`regression_text`) or the chat as a SteerLM
+  policy renders it, its prompt and answer decoded (`sft_text`'s form: assistant turns
+  may carry their `<extra_id_2>label` line; the closing END_OF_TURN and TURN_START of the
+  last response are optional, as a decode stops at either).
+  """
+  if text.endswith(f"{END_OF_TURN}{LABEL_START}"):
+    return parse_regression_text(text)
+  header = f"{SYSTEM_START}System{END_OF_NAME}"
+  if not text.startswith(header):
+    raise ValueError(f"not a SteerLM chat: expected {header!r}, the turns, then a response")
+  body = text[len(header):].removesuffix(TURN_START).removesuffix(END_OF_TURN)
+  system, *parts = _PROMPT_MARKER.split(body)
+  turns = []
+  for role, part in zip(parts[0::2], parts[1::2]):
+    if role == "Assistant" and part.startswith(LABEL_START):
+      label, sep, part = part[len(LABEL_START):].partition(END_OF_NAME)
+      if not sep:
+        raise ValueError(f"not a SteerLM chat: an assistant's {LABEL_START!r} label line"
+                         " has no end")
+      parse_label_string(label)
+    turns.append(Turn(role, part))
+  if not turns or turns[-1].role != "Assistant":
+    raise ValueError("not a SteerLM chat: expected a conversation ending in an assistant"
+                     " turn")
+  return Conversation(system, tuple(turns))
 
 
 def split_helpsteer_prompt(prompt: str) -> list[Turn]:

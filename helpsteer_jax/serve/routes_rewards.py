@@ -4,17 +4,17 @@
 - `/get_reward`: OpenRLHF's remote reward model protocol (`--remote_rm_url`);
 - `/classify`: vLLM's pooling classify protocol (verl's discriminative reward model).
 
-The two frameworks send rendered text. A text is read as the attribute model's own input,
-NeMo-Aligner's regression format (`template.regression_text`: system, turns without labels,
-the response, then `<extra_id_2>`), and parsed back into the conversation the scorer scores
-(`template.parse_regression_text`): the same scorer, weights and numbers as `/v1/rewards`.
+The two frameworks send rendered text: without the tokenizer's special tokens at its ends,
+it is parsed back into the conversation the scorer scores (`template.parse_chat_text`: the
+chat as a SteerLM policy renders it, labels dropped, or the attribute model's own input):
+the same scorer, weights and numbers as `/v1/rewards`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import fastapi
 import numpy as np
@@ -47,7 +47,7 @@ async def rewards(request: fastapi.Request):
   if req.items is not None:
     convs = [protocol.scored_conversation(it.messages, it.response) for it in req.items]
   else:
-    convs = _conversations(req.texts, "texts")
+    convs = _conversations(req.texts, "texts", template.parse_regression_text)
   preds = await asyncio.to_thread(attribute_model.scorer, convs)
   scored = [None if np.isnan(p).any() else p for p in preds]
   rewards_ = [None if p is None else float(rewards_lib.rewards(p[None], weights)[0])
@@ -71,7 +71,7 @@ async def get_reward(request: fastapi.Request):
       raise protocol.ApiError(f"{name}: give one per query ({len(req.query)}), not"
                               f" {len(given)}", param=name)
   attribute_model = _attribute_model(state)
-  convs = _conversations(req.query, "query")
+  convs = _conversations([_unwrapped(t, state.special_texts) for t in req.query], "query")
   preds, rewards_ = await _scored(attribute_model, convs, "query")
   return protocol.get_reward_response(preds, rewards_)
 
@@ -86,7 +86,8 @@ async def classify(request: fastapi.Request):
     state.check_model(req.model)
   texts = req.texts()
   attribute_model = _attribute_model(state)
-  convs = _conversations(texts, "input", single=isinstance(req.input, str))
+  convs = _conversations([_unwrapped(t, state.special_texts) for t in texts], "input",
+                         single=isinstance(req.input, str))
   preds, rewards_ = await _scored(attribute_model, convs, "input")
   tokens = (None if attribute_model.tokens is None
             else sum(await asyncio.to_thread(lambda: [attribute_model.tokens(c) for c in convs])))
@@ -101,14 +102,26 @@ def _attribute_model(state: state_lib.AppState) -> AttributeModel:
   return state.attribute_model
 
 
-def _conversations(texts: Sequence[str], param: str, single: bool = False
-                   ) -> list[Conversation]:
-  """Attribute-model input texts as conversations; a 400 naming the first that is not one
+def _unwrapped(text: str, specials: tuple[str, ...]) -> str:
+  """`text` without the special tokens a decode leaves at its ends (BOS, EOS, padding), as
+  OpenRLHF's own reward server strips its tokenizer's padding and EOS."""
+  trimmed = None
+  while trimmed != text:
+    trimmed = text
+    for token in specials:
+      text = text.removeprefix(token).removesuffix(token)
+  return text
+
+
+def _conversations(texts: Sequence[str], param: str,
+                   parse: Callable[[str], Conversation] = template.parse_chat_text,
+                   single: bool = False) -> list[Conversation]:
+  """Rendered chats as conversations (`parse`); a 400 naming the first that is not one
   (`param.index`, or `param` for a `single` text given as a string)."""
   convs = []
   for i, text in enumerate(texts):
     try:
-      convs.append(template.parse_regression_text(text))
+      convs.append(parse(text))
     except ValueError as e:
       where = param if single else f"{param}.{i}"
       raise protocol.ApiError(f"{where}: {e}", param=where) from None

@@ -41,10 +41,15 @@ class AppState:
   compiles: CompileCounter | None = None
   vocab: int = dataclasses.field(init=False)  # the token ids a prompt may hold: [0, vocab)
   token_text: Callable[[int], str] = dataclasses.field(init=False)  # cached per server
+  # The tokenizer's special tokens but SteerLM's markers (BOS, EOS, padding): what a decode
+  # leaves around a rendered chat.
+  special_texts: tuple[str, ...] = dataclasses.field(init=False)
 
   def __post_init__(self):
     self.vocab = min(len(self.policy.tokenizer), self.engine.cfg.vocab_size)
     self.token_text = completions_lib.token_texts(self.policy.tokenizer)
+    self.special_texts = tuple(t for t in self.policy.tokenizer.all_special_tokens
+                               if t and t not in template.MARKERS)
 
   @property
   def engine(self) -> Engine:
