@@ -178,18 +178,21 @@ BODY_VALUES = st.recursive(
     max_leaves=12)
 FIELDS = ["model", "messages", "prompt", "max_tokens", "temperature", "top_p", "n", "stop",
           "seed", "stream", "stream_options", "logprobs", "echo", "attributes",
-          "chat_template_kwargs", "items", "texts", "weights", "role", "content"]
+          "chat_template_kwargs", "items", "texts", "weights", "role", "content", "query",
+          "prompts", "labels", "input", "activation", "use_activation"]
 
 
 @settings(max_examples=120, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(route=st.sampled_from(["chat/completions", "completions", "rewards"]),
+@given(route=st.sampled_from(["chat/completions", "completions", "rewards", "get_reward",
+                              "classify"]),
        changes=st.dictionaries(st.sampled_from(FIELDS), BODY_VALUES, max_size=4),
        nested=st.dictionaries(st.sampled_from(FIELDS), BODY_VALUES, max_size=2))
 def test_no_body_gets_a_server_error(http, schemas, route, changes, nested):
   base = {"chat/completions": CHAT, "completions": {"model": "tiny", "prompt": "Hi",
                                                    "max_tokens": 2},
-          "rewards": {"items": [ITEM]}}[route]
+          "rewards": {"items": [ITEM]}, "get_reward": {"query": [TEXT]},
+          "classify": {"model": "tiny", "input": TEXT}}[route]
   body = {**base, **changes}
   if isinstance(body.get("messages"), list) and body["messages"] and isinstance(
       body["messages"][0], dict):
@@ -197,7 +200,8 @@ def test_no_body_gets_a_server_error(http, schemas, route, changes, nested):
   # Valid generations stay short: the property is about what is refused.
   if isinstance(body.get("max_tokens"), int) and body["max_tokens"] > 4:
     body["max_tokens"] = 4
-  response = http.post(f"/v1/{route}", content=json.dumps(body, allow_nan=True))
+  path = f"/{route}" if route in ("get_reward", "classify") else f"/v1/{route}"
+  response = http.post(path, content=json.dumps(body, allow_nan=True))
   assert response.status_code < 500, (body, response.text)
   if response.status_code >= 400:
     _valid(response.json(), "ErrorResponse", schemas)

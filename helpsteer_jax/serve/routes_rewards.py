@@ -47,7 +47,7 @@ async def rewards(request: fastapi.Request):
   if req.items is not None:
     convs = [protocol.scored_conversation(it.messages, it.response) for it in req.items]
   else:
-    convs = _conversations(req.texts, "texts", template.parse_regression_text)
+    convs = _conversations(req.texts, "texts", parse=template.parse_regression_text)
   preds = await asyncio.to_thread(attribute_model.scorer, convs)
   scored = [None if np.isnan(p).any() else p for p in preds]
   rewards_ = [None if p is None else float(rewards_lib.rewards(p[None], weights)[0])
@@ -71,7 +71,7 @@ async def get_reward(request: fastapi.Request):
       raise protocol.ApiError(f"{name}: give one per query ({len(req.query)}), not"
                               f" {len(given)}", param=name)
   attribute_model = _attribute_model(state)
-  convs = _conversations([_unwrapped(t, state.special_texts) for t in req.query], "query")
+  convs = await asyncio.to_thread(_conversations, req.query, "query", state.special_texts)
   preds, rewards_ = await _scored(attribute_model, convs, "query")
   return protocol.get_reward_response(preds, rewards_)
 
@@ -86,8 +86,8 @@ async def classify(request: fastapi.Request):
     state.check_model(req.model)
   texts = req.texts()
   attribute_model = _attribute_model(state)
-  convs = _conversations([_unwrapped(t, state.special_texts) for t in texts], "input",
-                         single=isinstance(req.input, str))
+  convs = await asyncio.to_thread(_conversations, texts, "input", state.special_texts,
+                                 single=isinstance(req.input, str))
   preds, rewards_ = await _scored(attribute_model, convs, "input")
   tokens = (None if attribute_model.tokens is None
             else sum(await asyncio.to_thread(lambda: [attribute_model.tokens(c) for c in convs])))
@@ -113,15 +113,16 @@ def _unwrapped(text: str, specials: tuple[str, ...]) -> str:
   return text
 
 
-def _conversations(texts: Sequence[str], param: str,
+def _conversations(texts: Sequence[str], param: str, specials: tuple[str, ...] = (),
                    parse: Callable[[str], Conversation] = template.parse_chat_text,
                    single: bool = False) -> list[Conversation]:
-  """Rendered chats as conversations (`parse`); a 400 naming the first that is not one
-  (`param.index`, or `param` for a `single` text given as a string)."""
+  """Rendered chats, `specials` stripped at their ends, as conversations (`parse`); a 400
+  naming the first that is not one (`param.index`, or `param` for a `single` text given
+  as a string)."""
   convs = []
   for i, text in enumerate(texts):
     try:
-      convs.append(parse(text))
+      convs.append(parse(_unwrapped(text, specials)))
     except ValueError as e:
       where = param if single else f"{param}.{i}"
       raise protocol.ApiError(f"{where}: {e}", param=where) from None
