@@ -3,7 +3,8 @@
 Requests are pydantic models that refuse unknown fields, so a parameter the
 server does not implement is a 400 naming it rather than silently ignored.
 Responses are plain dicts in the shapes of OpenAI's chat completion, chat
-completion chunk, completion and error objects.
+completion chunk, completion and error objects, OpenRLHF's reward body and vLLM's
+classification response.
 """
 
 from __future__ import annotations
