@@ -85,6 +85,8 @@ def test_concurrent_greedy_equals_each_prompt_alone_and_compiles_nothing(setup):
     assert update.completion_tokens == len(ref.token_ids)
     assert streamed == update.text
   assert eng.stats["rebases"] > 0
+  # Rows that freed up took newcomers whose prompts rode on the others' decode steps.
+  assert eng.stats["prefill_chunks"] > 0
   # Sampled and top-p rows alongside greedy ones: the same compiled functions.
   _run(eng, [dict(prompt_ids=gen.encode(prompts[0]), max_tokens=10, temperature=0.8,
                   top_p=0.9, seed=3),
@@ -94,6 +96,7 @@ def test_concurrent_greedy_equals_each_prompt_alone_and_compiles_nothing(setup):
       2 * len(eng.buckets) + 1 + inserts
       + sum(1 if n == 1 or n % eng.row_block == 0 else 2  # else read-only + a write
             for n in eng.row_buckets) * len(eng.cache.lengths)
+      + len(eng.mixed_buckets) * len(eng.cache.lengths)  # decode steps with a prefill chunk
       + len(eng.cache.lengths) ** 2)
   assert COMPILES.count == compiles
 

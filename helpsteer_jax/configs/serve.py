@@ -52,6 +52,7 @@ def get_config(preset: str = ""):
       max_batch=16,          # rows decoded together
       max_length=0,          # tokens per row (prompt + completion); 0 = max_position_embeddings
       chunk_steps=8,         # decode steps between scheduling rounds
+      prefill_chunk=64,      # prompt tokens per decode step while rows run; 0: alone
       max_tokens=1024,       # the largest max_tokens a request may ask for
       max_n=8,
       warmup=True,           # compile every shape before listening

@@ -5,10 +5,13 @@ The cache has a fixed number of rows and one of a few slot counts
 tokens in `[row_start, end)` with RoPE positions counted from its own first
 token). A scheduler thread:
 
-  - admits waiting requests into free rows at chunk boundaries: each prompt
-    is prefilled alone (one compiled function per prompt bucket) and its
-    keys and values are written into its row so that its last prompt token
-    lands right before `end`;
+  - admits waiting requests into free rows at chunk boundaries. With no row
+    decoding, each prompt is prefilled alone (one compiled function per
+    prompt bucket) and its keys and values are written into its row so that
+    its last prompt token lands right before `end`; while rows decode, its
+    prompt is prefilled in chunks that ride on the next round's decode steps
+    (chunked prefill: `EngineCore._plan`), and the row joins the decoding
+    mid-round;
   - runs a chunk of `chunk_steps` decode steps, one compiled call each,
     dispatched back to back (the tokens stay on the device until the chunk
     ends), for the smallest row bucket holding every live row (rows are

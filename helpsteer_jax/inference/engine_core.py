@@ -5,8 +5,9 @@ the scheduler thread of a server, the batch API of tasks and rollouts): the comp
 prefill, first-token, decode and scoring functions over the model's per-layer weights
 (`engine_steps`), the cache (`kv_cache.SlotCache`), each row's request, stream and
 sampling state, and the steps that move them: admitting requests into free rows
-(one prefill per distinct prompt), a chunk of decode steps for the smallest row
-bucket that holds every live row, delivering tokens to each row's stream and freeing
+(one prefill per distinct prompt when nothing decodes; else prefill chunks planned
+onto the next round's steps), a chunk of decode steps for the smallest row bucket
+that holds every live row, delivering tokens to each row's stream and freeing
 finished rows. Every shape is one of a fixed set: after `warm_up`, nothing compiles.
 """
 
@@ -44,6 +45,7 @@ class _Row:
   stream: RowStream
   logprobs: list[float] = dataclasses.field(default_factory=list)
   raw: list[TokenLogprobs] = dataclasses.field(default_factory=list)
+  pending: bool = False  # its prompt is still to be prefilled in chunks
 
   @property
   def request(self) -> DecodeRequest:
@@ -57,16 +59,23 @@ class EngineCore:
   `max_batch` rows, prompts + completions of at most `max_length` tokens,
   `chunk_steps` decode steps per scheduling round. `stop_ids` (EOS and
   one-token stop strings) end a row; `stop_strings` are cut from every text.
+  `prefill_chunk`: while rows decode, a newcomer's prompt is prefilled
+  `prefill_chunk` tokens per decode step, within the running rows' steps
+  (0: every prompt is prefilled alone between rounds).
   """
 
   def __init__(self, model: nnx.Module, mesh: Mesh, tokenizer: Any, *,
                rules: sharding_lib.Rules = sharding_lib.DEFAULT_RULES, max_batch: int = 16,
                max_length: int = 2048, chunk_steps: int = 8, pad_id: int = 0,
                stop_ids: Sequence[int] = (), eos_ids: Sequence[int] = (),
-               stop_strings: Sequence[str] = ()):
+               stop_strings: Sequence[str] = (), prefill_chunk: int = 64):
     cfg = model.cfg
     if max_batch < 1 or chunk_steps < 1:
       raise ConfigError(f"max_batch={max_batch} and chunk_steps={chunk_steps} must be >= 1")
+    if prefill_chunk and prefill_chunk < chunk_steps:
+      raise ConfigError(f"prefill_chunk={prefill_chunk} must be at least chunk_steps="
+                        f"{chunk_steps} (a prompt's last chunk covers the slots its row's"
+                        " steps wrote before it), or 0 to prefill every prompt alone")
     if not engine_steps.MIN_PROMPT_BUCKET <= max_length <= cfg.max_position_embeddings:
       raise ConfigError(f"max_length={max_length} must be in {engine_steps.MIN_PROMPT_BUCKET}.."
                         f"{cfg.max_position_embeddings} (the model's max_position_embeddings)")
@@ -78,6 +87,10 @@ class EngineCore:
                         f" multiple of {self.batch_shards}")
     self.cfg, self.mesh, self.rules, self.tokenizer = cfg, mesh, rules, tokenizer
     self.max_batch, self.max_length, self.chunk_steps = max_batch, max_length, chunk_steps
+    self.prefill_chunk = min(prefill_chunk, max_length) if max_batch > 1 else 0
+    if self.prefill_chunk and self.prefill_chunk < chunk_steps:
+      raise ConfigError(f"max_length={max_length} is shorter than chunk_steps={chunk_steps}:"
+                        " set prefill_chunk=0")
     self.pad_id = int(pad_id)
     self.stop_ids = frozenset(int(i) for i in stop_ids) | frozenset(int(i) for i in eos_ids)
     self.eos_ids = frozenset(int(i) for i in eos_ids)
@@ -92,6 +105,9 @@ class EngineCore:
     self.cache_dtype = cfg.compute_dtype
     self.row_buckets = (engine_steps.row_buckets(max_batch, self.row_block, first)
                         if self.batch_shards == 1 else [max_batch])
+    # A prefill chunk rides on in-place steps only: whole blocks of rows.
+    self.mixed_buckets = [n for n in self.row_buckets
+                          if self.prefill_chunk and n > 1 and n % self.row_block == 0]
     per_shard = max_batch // self.batch_shards
     self.row_order = [s * per_shard + j for j in range(per_shard)
                       for s in range(self.batch_shards)]
@@ -147,7 +163,7 @@ class EngineCore:
     self.stopping = False
     self.aborting: str | None = None  # `abort`'s reason, until the scheduler acts on it
     self.stats = {"requests": 0, "chunks": 0, "rebases": 0, "generated_tokens": 0,
-                  "cancelled": 0}
+                  "cancelled": 0, "prefill_chunks": 0}
     self._thread: threading.Thread | None = None
 
   # -- compiled shapes ---------------------------------------------------------
@@ -173,6 +189,8 @@ class EngineCore:
       self.cache.resize(length, 0)
       for n in self.row_buckets:
         self._run_decode(n)
+        if n in self.mixed_buckets:
+          self._run_decode(n, {0: self._chunk([self.pad_id], 0, 1, 0)})
     self.cache.reset()
 
   def check(self, prompt_len: int, max_tokens: int) -> None:
@@ -198,8 +216,12 @@ class EngineCore:
     self.rows[i] = None
     self.cache.free(i)
 
+  def _decoding(self) -> np.ndarray:
+    """[max_batch] bool: the rows whose tokens are in the cache (not pending)."""
+    return np.asarray([r is not None and not r.pending for r in self.rows])
+
   def _fit(self, min_end: int = 0) -> None:
-    if self.cache.fit(np.asarray([r is not None for r in self.rows]), min_end):
+    if self.cache.fit(self._decoding(), min_end):
       self.stats["rebases"] += 1
 
   def _bucket(self, n: int) -> int:
@@ -235,14 +257,44 @@ class EngineCore:
                          np.uint32(seed))
 
   def _admit(self, newcomers: list[Handle], free: list[int]) -> None:
-    """Prefills the newcomers into the free rows; requests with the same prompt (the n
-    samples of one prompt) share one prefill."""
-    prefilled: dict[tuple[int, ...], tuple] = {}
+    """Takes the newcomers into the free rows. While rows decode, a prompt that fits one
+    round's chunks waits in its row for `_step` to prefill it within the decode steps;
+    otherwise it is prefilled alone now, and requests with the same prompt (the n samples
+    of one prompt) share one prefill."""
+    chunked = bool(self.prefill_chunk) and self._decoding().any()
+    whole = []
     for handle, i in zip(newcomers, free):
-      req = handle.request
       if handle.cancelled:
         self.stats["cancelled"] += 1
         continue
+      if chunked and self._chunk_count(len(handle.request.prompt_ids)) is not None:
+        self._take(handle, i, pending=True)
+      else:
+        whole.append((handle, i))
+    self._prefill_whole(whole)
+
+  def _chunk_count(self, prompt_len: int) -> int | None:
+    """How many chunks prefill a prompt; None if they do not fit one round."""
+    count = -(-prompt_len // self.prefill_chunk)
+    fits = count <= self.chunk_steps and count * self.prefill_chunk <= self.max_length
+    return count if fits else None
+
+  def _take(self, handle: Handle, i: int, pending: bool = False) -> _Row:
+    req = handle.request
+    self.local_rows += int(self.local_row[i])
+    self.rows[i] = row = _Row(handle, RowStream(self.tokenizer, req.max_tokens, self.stop_ids,
+                                                self.eos_ids,
+                                                self.stop_strings + tuple(req.stop_strings)),
+                              pending=pending)
+    self.temperature[i], self.top_p[i], self.top_k[i] = req.temperature, req.top_p, req.top_k
+    self.seeds[i] = np.uint32(req.seed)
+    return row
+
+  def _prefill_whole(self, admitted: list[tuple[Handle, int]]) -> None:
+    """Prefills each prompt alone and writes it into its row; the rows then decode."""
+    prefilled: dict[tuple[int, ...], tuple] = {}
+    for handle, i in admitted:
+      req = handle.request
       bucket = self._bucket(len(req.prompt_ids))
       self._fit(bucket)
       key = tuple(int(t) for t in req.prompt_ids)
@@ -255,22 +307,68 @@ class EngineCore:
             req.prompt_ids, req.temperature, req.top_p, req.top_k, req.seed, bucket)
         prefilled[key] = ks, vs, logits
       self.cache.insert(ks, vs, i, len(req.prompt_ids))
-      self.local_rows += int(self.local_row[i])
+      row = self._take(handle, i)
       first = int(first)
-      self.rows[i] = _Row(handle, RowStream(self.tokenizer, req.max_tokens, self.stop_ids,
-                                            self.eos_ids,
-                                            self.stop_strings + tuple(req.stop_strings)),
-                          [float(logp)],
-                          [TokenLogprobs(*(np.asarray(a)[None] for a in jax.device_get(raw)))])
+      row.logprobs.append(float(logp))
+      row.raw.append(TokenLogprobs(*(np.asarray(a)[None] for a in jax.device_get(raw))))
       self.positions[i] = len(req.prompt_ids)
-      self.temperature[i], self.top_p[i], self.top_k[i] = req.temperature, req.top_p, req.top_k
-      self.seeds[i], self.counters[i] = np.uint32(req.seed), 1
+      self.counters[i] = 1
       self.last[i] = first
       self._deliver(i, [first])
 
-  def _run_decode(self, n: int) -> tuple[np.ndarray, np.ndarray, TokenLogprobs]:
-    """A chunk of decode steps for rows [0, n): tokens and their log-probabilities,
-    [n, chunk_steps] each, and their raw log-probabilities ([n, chunk_steps, ...])."""
+  def _chunk(self, ids: Sequence[int], index: int, count: int, prompt_slot: int
+             ) -> engine_steps.PrefillChunk:
+    """Chunk `index` of `count` of the prompt `ids` whose first token goes to slot
+    `prompt_slot` (the prompt left-padded to `count` whole chunks); its row is set by the
+    caller."""
+    c = self.prefill_chunk
+    pad = count * c - len(ids)
+    padded = np.full(count * c, self.pad_id, np.int32)
+    padded[pad:] = ids
+    span = np.arange(index * c, (index + 1) * c, dtype=np.int32)
+    return engine_steps.PrefillChunk(
+        tokens=padded[span], positions=np.maximum(span - pad, 0).astype(np.int32),
+        slot=np.int32(prompt_slot - pad + index * c), row=np.int32(0),
+        row_start=np.int32(prompt_slot), last=np.int32(index == count - 1))
+
+  def _plan(self) -> tuple[dict[int, engine_steps.PrefillChunk], dict[int, int]]:
+    """This round's prefill chunks by step, and the step each newly prefilled row joins
+    the decoding at: pending rows in row order, each prompt's chunks on consecutive steps
+    while the round has steps left. Re-lays the cache out so that every chunk's slots
+    exist (the prompts end at the slot their rows join at)."""
+    steps, joins, used = {}, {}, 0
+    for i, row in enumerate(self.rows):
+      if row is None or not row.pending:
+        continue
+      count = self._chunk_count(len(row.request.prompt_ids))
+      if used + count > self.chunk_steps:
+        break
+      joins[i] = used + count
+      used += count
+    if not joins:
+      return steps, joins
+    self._fit(max(self._chunk_count(len(self.rows[i].request.prompt_ids)) * self.prefill_chunk
+                  for i in joins))
+    for i, join in joins.items():
+      ids = self.rows[i].request.prompt_ids
+      count = self._chunk_count(len(ids))
+      prompt_slot = self.cache.end + join - len(ids)
+      for index in range(count):
+        chunk = self._chunk(ids, index, count, prompt_slot)
+        chunk.row = np.int32(i)
+        steps[join - count + index] = chunk
+      self.cache.row_start[i] = prompt_slot
+      self.positions[i] = len(ids) - join  # so that step `join` decodes position len(ids)
+      self.counters[i] = 1 - join  # the first token's (step join - 1) is 0
+      self.stats["prefill_chunks"] += count
+    return steps, joins
+
+  def _run_decode(self, n: int, chunks: dict[int, engine_steps.PrefillChunk] | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, TokenLogprobs]:
+    """A chunk of decode steps for rows [0, n), with `chunks[i]` riding on step i:
+    tokens and their log-probabilities, [n, chunk_steps] each, and their raw
+    log-probabilities ([n, chunk_steps, ...])."""
+    chunks = chunks or {}
     last = jax.device_put(self.last[:n], self._replicated)
     row_start, temperature, top_p, top_k, seeds = (a[:n] for a in (
         self.cache.row_start, self.temperature, self.top_p, self.top_k, self.seeds))
@@ -279,9 +377,13 @@ class EngineCore:
     with jax.set_mesh(self.mesh):
       for i in range(self.chunk_steps):
         end = np.int32(self.cache.end + i)
-        args = (row_start, last, self.positions[:n] + i, temperature, top_p, top_k, seeds,
-                self.counters[:n] + i)
-        if n == 1 or n % self.row_block == 0:
+        # A pending row's position and counter run negative before its first token.
+        args = (row_start, last, np.maximum(self.positions[:n] + i, 0), temperature, top_p,
+                top_k, seeds, np.maximum(self.counters[:n] + i, 0))
+        if i in chunks:
+          ks, vs, last, logp, raw = self._decode(self.rest, self.layers, ks, vs, end, *args,
+                                                 chunks[i])
+        elif n == 1 or n % self.row_block == 0:
           ks, vs, last, logp, raw = self._decode(self.rest, self.layers, ks, vs, end, *args)
         else:
           new_k, new_v, last, logp, raw = self._decode_rows(self.rest, self.layers, ks, vs,
@@ -301,23 +403,39 @@ class EngineCore:
         self.stats["cancelled"] += 1
         self.stats["generated_tokens"] += len(row.stream.ids)
         self._free(i)
+    pending = [i for i, r in enumerate(self.rows) if r is not None and r.pending]
+    if pending and not self._decoding().any():
+      # Nobody to keep emitting: prefill the waiting prompts alone (shared per prompt).
+      handles = [(self.rows[i].handle, i) for i in pending]
+      for i in pending:
+        self.rows[i] = None
+        self.local_rows -= int(self.local_row[i])
+      self._prefill_whole(handles)
     if not self.busy_rows:
       return
-    self._fit()
+    chunks, joins = self._plan()
+    if not chunks:
+      self._fit()
     # Rows are taken lowest first, so the live ones sit in a prefix of the cache.
-    live = max(i for i, r in enumerate(self.rows) if r is not None) + 1
-    n = next(b for b in self.row_buckets if b >= live)
-    tokens, logprobs, raw = self._run_decode(n)
+    live = max(i for i, r in enumerate(self.rows)
+               if r is not None and (not r.pending or i in joins)) + 1
+    buckets = self.mixed_buckets if chunks else self.row_buckets
+    n = next(b for b in buckets if b >= live)
+    tokens, logprobs, raw = self._run_decode(n, chunks)
     self.cache.end += self.chunk_steps
     self.positions[:n] += self.chunk_steps
     self.counters[:n] += self.chunk_steps
     self.last[:n] = tokens[:, -1]
     self.stats["chunks"] += 1
     for i, row in enumerate(self.rows[:n]):
-      if row is not None:
-        row.logprobs.extend(logprobs[i].tolist())
-        row.raw.append(TokenLogprobs(raw.chosen[i], raw.top_ids[i], raw.top[i]))
-        self._deliver(i, tokens[i].tolist())
+      if row is None or (row.pending and i not in joins):
+        continue
+      first = joins.get(i, 1) - 1  # a newcomer's tokens start at its first token's step
+      row.pending = False
+      row.logprobs.extend(logprobs[i, first:].tolist())
+      row.raw.append(TokenLogprobs(raw.chosen[i, first:], raw.top_ids[i, first:],
+                                   raw.top[i, first:]))
+      self._deliver(i, tokens[i, first:].tolist())
 
   def _deliver(self, i: int, new: list[int]) -> None:
     """Feeds a row's new tokens to its stream; sends its update; frees it when finished."""

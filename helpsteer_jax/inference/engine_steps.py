@@ -221,8 +221,58 @@ def insert(ks, vs, new_ks, new_vs, row, end):
           [jax.lax.dynamic_update_slice(v, n, at) for v, n in zip(vs, new_vs)])
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class PrefillChunk:
+  """`C` tokens of one newcomer's prompt, computed within a decode step (chunked prefill).
+
+  tokens, positions: [C] int32, the chunk's ids and RoPE positions (left padding of a
+    prompt's first chunk: any id, position 0; its keys land left of `row_start`).
+  slot: the cache slot of token 0; row: the row whose buffers receive the keys and values;
+  row_start: the slot of the prompt's first token (what the chunk's queries may see from);
+  last: 1 when the chunk ends the prompt: the step samples the row's first token from its
+    last position instead of decoding the row.
+  """
+
+  tokens: jax.Array
+  positions: jax.Array
+  slot: jax.Array
+  row: jax.Array
+  row_start: jax.Array
+  last: jax.Array
+
+
+def _write_chunk(blocks: list, new: jax.Array, chunk: PrefillChunk) -> list:
+  """Writes a chunk's keys or values [1, K, C, D] into `chunk.row` of whichever of the
+  `blocks` ([block, K, S, D] each) holds it, at `chunk.slot`: every block rewrites only that
+  row's window, with its old contents unless the row is its own."""
+  block = blocks[0].shape[0]
+  local, owner = chunk.row % block, chunk.row // block
+  zero = jnp.zeros((), jnp.int32)
+  at = (local, zero, chunk.slot, zero)
+  out = []
+  for j, b in enumerate(blocks):
+    if len(blocks) > 1:
+      new_j = jnp.where(owner == j, new, jax.lax.dynamic_slice(b, at, new.shape))
+    else:
+      new_j = new
+    out.append(jax.lax.dynamic_update_slice(b, new_j, at))
+  return out
+
+
+def _read_row(blocks: list, row: jax.Array) -> jax.Array:
+  """Row `row`'s buffer [1, K, S, D] out of the `blocks` holding it."""
+  block, zero = blocks[0].shape[0], jnp.zeros((), jnp.int32)
+  shape = (1,) + blocks[0].shape[1:]
+  rows = [jax.lax.dynamic_slice(b, (row % block, zero, zero, zero), shape) for b in blocks]
+  if len(rows) == 1:
+    return rows[0]
+  return jnp.select([row // block == j for j in range(len(rows))], rows)
+
+
 def decode_step(rest, layers, ks, vs, end, row_start, last, positions, temperature, top_p,
-                top_k, seeds, counters, *, unstacked: Unstacked, rules, in_place: bool = True):
+                top_k, seeds, counters, chunk: PrefillChunk | None = None, *,
+                unstacked: Unstacked, rules, in_place: bool = True):
   """One decode step for the first `n = len(row_start)` rows (per-row sampling settings
   and PRNG streams); returns the caches' new keys and values and, for those rows, the
   new tokens [n], their log-probabilities [n] (`sampling.sample_rows`) and their
@@ -236,6 +286,15 @@ def decode_step(rest, layers, ks, vs, end, row_start, last, positions, temperatu
   and values [n, K, 1, D] for `write_slot`: reading a slice of rows of a
   buffer the same program updates made XLA copy every buffer (for one row,
   or whole blocks, it does not).
+
+  `chunk` (in place only): a newcomer's prompt chunk rides along. Its `C`
+  tokens join the rows' tokens in every weight matmul ([n + C] rows: the
+  weights are read once for both), write their keys and values into its row
+  after the decode write (so a newcomer row's own decode writes, which land
+  inside its last chunk's slots, are overwritten) and attend to the row's
+  cache causally. The LM head runs on the n rows and the chunk's last
+  position only; on the prompt's last chunk the row's token is sampled from
+  that position (its counter is 0, as `first_token`'s).
   """
   with sharding_lib.axis_rules(rules):
     model = unstacked.model(rest, layers)
@@ -243,6 +302,16 @@ def decode_step(rest, layers, ks, vs, end, row_start, last, positions, temperatu
     slots = jnp.arange(ks[0][0].shape[2], dtype=jnp.int32)[None]
     filled = ((slots >= row_start[:, None]) & (slots <= end)).astype(jnp.int32)
     ones = jnp.ones((n, 1), jnp.int32)
+    tokens = last
+    if chunk is not None:
+      if not in_place:
+        raise ValueError("a prefill chunk rides only on an in-place step")
+      tokens = jnp.concatenate([last, chunk.tokens])
+      positions = jnp.concatenate([positions, chunk.positions])
+      c = chunk.tokens.shape[0]
+      chunk_info = attention_lib.MaskInfo(
+          jnp.ones((1, c), jnp.int32), (slots >= chunk.row_start).astype(jnp.int32),
+          chunk.slot)
     cos, sin = rope_tables(positions[:, None], model.cfg)
     zero = jnp.zeros((), jnp.int32)
     at = (zero, zero, end, zero)
@@ -266,12 +335,26 @@ def decode_step(rest, layers, ks, vs, end, row_start, last, positions, temperatu
           k_cache, v_cache = k_cache[:n], v_cache[:n]
         info = attention_lib.MaskInfo(ones[rows], filled[rows], end)
         outs.append(attention_lib.cached_attention(q[rows], k_cache, v_cache, info, **knobs))
+      if chunk is not None:
+        # The chunk's C tokens sit on the batch axis, one each, as the rows' do:
+        # [C, K, 1, D] -> [1, K, C, D].
+        new_ks[i] = _write_chunk(new_ks[i], k[n:, :, 0].transpose(1, 0, 2)[None], chunk)
+        new_vs[i] = _write_chunk(new_vs[i], v[n:, :, 0].transpose(1, 0, 2)[None], chunk)
+        out = attention_lib.cached_attention(
+            q[n:, 0][None], _read_row(new_ks[i], chunk.row), _read_row(new_vs[i], chunk.row),
+            chunk_info, **knobs)
+        outs.append(out[0][:, None])
       return jnp.concatenate(outs) if len(outs) > 1 else outs[0]
 
-    x = _layers_forward(unstacked, layers, model.embed_tokens(last[:, None]), cos, sin, attend)
-    hidden = model.final_norm(x)
+    x = _layers_forward(unstacked, layers, model.embed_tokens(tokens[:, None]), cos, sin,
+                        attend)
+    hidden = model.final_norm(x[:n] if chunk is None else
+                              jnp.concatenate([x[:n], x[-1:]]))  # the head's rows only
     keys = jax.vmap(lambda s, c: jax.random.fold_in(jax.random.key(s), c))(seeds, counters)
     logits = model.logits(hidden)[:, 0]
+    if chunk is not None:
+      first = (jnp.arange(n) == chunk.row) & (chunk.last != 0)
+      logits = jnp.where(first[:, None], logits[n][None], logits[:n])
     new, logp = sampling_lib.sample_rows(logits, keys, temperature, top_p, top_k)
     return new_ks, new_vs, new, logp, sampling_lib.raw_logprobs(logits, new)
 

@@ -56,7 +56,8 @@ def eos_ids(tokenizer: Any, model_eos: int | Sequence[int] | None) -> tuple[int,
 def make_engine(model: nnx.Module, mesh: jax.sharding.Mesh, tokenizer: Any, *,
                 rules: sharding_lib.Rules = sharding_lib.DEFAULT_RULES, max_batch: int = 16,
                 max_length: int | None = None, chunk_steps: int = 8, pad_id: int = 0,
-                stop_strings: Sequence[str] = DEFAULT_STOP_STRINGS) -> Engine:
+                stop_strings: Sequence[str] = DEFAULT_STOP_STRINGS,
+                prefill_chunk: int = 64) -> Engine:
   """An `Engine` for `model` that ends rows at EOS and at `stop_strings`.
 
   `max_length` defaults to the model's `max_position_embeddings`; `max_batch`
@@ -69,7 +70,7 @@ def make_engine(model: nnx.Module, mesh: jax.sharding.Mesh, tokenizer: Any, *,
                 max_length=max_length or model.cfg.max_position_embeddings,
                 chunk_steps=chunk_steps, pad_id=pad_id,
                 stop_ids=stop_ids(tokenizer, stop_strings, eos), eos_ids=eos,
-                stop_strings=stop_strings)
+                stop_strings=stop_strings, prefill_chunk=prefill_chunk)
 
 
 class Generator:

@@ -77,7 +77,8 @@ def load_policy(config: ml_collections.ConfigDict, rt: runtime.Runtime,
   serve = config.serve
   engine = make_engine(model, rt.mesh, tokenizer, rules=rt.rules, max_batch=serve.max_batch,
                        max_length=serve.max_length or None, chunk_steps=serve.chunk_steps,
-                       pad_id=pad, stop_strings=tuple(config.stop_strings))
+                       pad_id=pad, stop_strings=tuple(config.stop_strings),
+                       prefill_chunk=serve.prefill_chunk)
   return Policy(engine, tokenizer, functools.partial(steering.encode_prompt, tokenizer=tokenizer,
                                                      add_bos=config.add_bos))
 

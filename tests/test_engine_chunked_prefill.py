@@ -1,0 +1,89 @@
+"""Chunked prefill: newcomers' prompts ride on the running rows' decode steps.
+
+Reference: each request decoded alone by the same engine (nothing else decoding, so its
+prompt is prefilled whole, as before chunked prefill existed). In a crowd larger than
+the rows, freed rows take newcomers whose prompts are prefilled `prefill_chunk` tokens per
+step within the others' steps (rows in both blocks of rows, prompts of one or several
+chunks, longer prompts falling back to a whole prefill); every request must get the
+tokens it gets alone, greedy or sampled with its seed, with the same log-probabilities,
+and nothing may compile after warm-up. Gemma 2's knobs (a sliding window shorter than
+the prompts, soft-capping) check the chunk's masks.
+"""
+
+import jax
+import numpy as np
+import pytest
+
+from helpsteer_jax import sharding
+from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
+from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.inference import engine as engine_lib
+from helpsteer_jax.inference import generator
+from helpsteer_jax.models import builder, catalog, families, hf
+
+GEMMA2 = dict(families.get("gemma2").config_fields(), num_layers=3, sliding_window=4,
+              layer_types=("sliding_attention", "full_attention"), attn_logit_softcap=5.0,
+              final_logit_softcap=10.0, query_pre_attn_scalar=16, tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+  return hf.load_tokenizer(demo_tokenizer.build_demo_tokenizer(tmp_path_factory.mktemp("tok")))
+
+
+def _engine(tokenizer, family=None, **kw):
+  model = builder.create(catalog.model_config("tiny", **(family or {}), initializer_range=0.1),
+                         seed=0)
+  mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+  return generator.make_engine(model, mesh, tokenizer, max_length=96, stop_strings=(), **kw)
+
+
+def _requests(n: int) -> list[engine_lib.DecodeRequest]:
+  """Prompts of 3 to 41 tokens (one to six chunks of 8), budgets of 2 to 13 tokens; every
+  third request sampled with its own seed."""
+  rng = np.random.default_rng(0)
+  out = []
+  for i in range(n):
+    ids = rng.integers(5, 200, size=int(rng.integers(3, 42))).tolist()
+    sampled = i % 3 == 2
+    out.append(engine_lib.DecodeRequest(
+        prompt_ids=ids, max_tokens=int(rng.integers(2, 14)),
+        temperature=0.9 if sampled else 0.0, top_p=0.95 if sampled else 1.0, seed=i))
+  return out
+
+
+@pytest.mark.parametrize("family", [None, GEMMA2], ids=["llama", "gemma2"])
+def test_a_crowd_with_chunked_newcomers_equals_each_request_alone(tokenizer, family):
+  eng = _engine(tokenizer, family, max_batch=32, chunk_steps=4, prefill_chunk=8)
+  assert eng.mixed_buckets == [16, 32]
+  eng.warm_up()
+  compiled = eng.compiled_variants
+  joined = []
+  plan = eng._plan
+
+  def recording_plan():
+    steps, joins = plan()
+    joined.extend(joins)
+    return steps, joins
+
+  eng._plan = recording_plan
+  requests = _requests(48)
+  crowd = eng.generate(requests)
+  assert eng.stats["prefill_chunks"] > 0
+  assert min(joined) < 16 <= max(joined)  # newcomers chunk-prefilled in both blocks
+  assert eng.compiled_variants == compiled  # the warm-up compiled every mixed step
+  for i, (req, got) in enumerate(zip(requests, crowd)):
+    [alone] = eng.generate([req])
+    assert got.token_ids == alone.token_ids, i
+    np.testing.assert_allclose(got.logprobs, alone.logprobs, atol=2e-5, err_msg=str(i))
+    np.testing.assert_allclose(got.raw.chosen, alone.raw.chosen, atol=2e-5, err_msg=str(i))
+  assert eng.compiled_variants == compiled
+
+
+def test_prefill_chunk_settings_are_checked(tokenizer):
+  with pytest.raises(ConfigError, match="at least chunk_steps"):
+    _engine(tokenizer, max_batch=4, chunk_steps=8, prefill_chunk=4)
+  off = _engine(tokenizer, max_batch=4, chunk_steps=8, prefill_chunk=0)
+  assert off.mixed_buckets == []
+  out = off.generate(_requests(6))
+  assert off.stats["prefill_chunks"] == 0 and all(o.token_ids for o in out)
