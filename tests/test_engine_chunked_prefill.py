@@ -18,7 +18,7 @@ from helpsteer_jax import sharding
 from helpsteer_jax.data.demo import tokenizer as demo_tokenizer
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import engine as engine_lib
-from helpsteer_jax.inference import generator
+from helpsteer_jax.inference import generator, prefill_chunks
 from helpsteer_jax.models import builder, catalog, families, hf
 
 GEMMA2 = dict(families.get("gemma2").config_fields(), num_layers=3, sliding_window=4,
@@ -87,3 +87,23 @@ def test_prefill_chunk_settings_are_checked(tokenizer):
   assert off.mixed_buckets == []
   out = off.generate(_requests(6))
   assert off.stats["prefill_chunks"] == 0 and all(o.token_ids for o in out)
+
+
+def test_a_rounds_plan_takes_prompts_in_order_and_places_them_where_their_rows_join():
+  plan = prefill_chunks.ChunkPlan(chunk=8, chunk_steps=4, max_length=96)
+  assert [plan.count(n) for n in (1, 8, 9, 32, 33)] == [1, 1, 2, 4, None]
+  # 2 + 1 chunks fit the round; the next prompt (2 chunks) waits for the next one.
+  assert plan.joins({5: 10, 2: 3, 7: 12}) == {5: 2, 2: 3}
+  assert plan.min_end([10, 3]) == 16
+  chunks = plan.chunks(list(range(100, 110)), row=5, join=2, end=40, pad_id=0)
+  assert sorted(chunks) == [0, 1]
+  first, last = chunks[0], chunks[1]
+  # ten tokens left-padded to 16: they end right before slot end + join = 42
+  assert first.slot == 26 and last.slot == 34 and first.row_start == last.row_start == 32
+  assert first.tokens.tolist() == [0] * 6 + [100, 101] and last.tokens.tolist() == list(
+      range(102, 110))
+  assert first.positions.tolist() == [0] * 7 + [1] and last.positions.tolist() == list(
+      range(2, 10))
+  assert (first.last, last.last, int(first.row)) == (0, 1, 5)
+  # the row's own decode writes before it joins (slots 40, 41) lie in its last chunk
+  assert last.slot <= 40 and 41 < last.slot + 8

@@ -10,7 +10,7 @@ token). A scheduler thread:
     prompt bucket) and its keys and values are written into its row so that
     its last prompt token lands right before `end`; while rows decode, its
     prompt is prefilled in chunks that ride on the next round's decode steps
-    (chunked prefill: `EngineCore._plan`), and the row joins the decoding
+    (chunked prefill: `prefill_chunks.ChunkPlan`), and the row joins the decoding
     mid-round;
   - runs a chunk of `chunk_steps` decode steps, one compiled call each,
     dispatched back to back (the tokens stay on the device until the chunk

@@ -27,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.inference import engine_steps, kv_cache
+from helpsteer_jax.inference import engine_steps, kv_cache, prefill_chunks
 from helpsteer_jax.inference.row_stream import (
   DecodeRequest,
   Handle,
@@ -88,6 +88,7 @@ class EngineCore:
     self.cfg, self.mesh, self.rules, self.tokenizer = cfg, mesh, rules, tokenizer
     self.max_batch, self.max_length, self.chunk_steps = max_batch, max_length, chunk_steps
     self.prefill_chunk = min(prefill_chunk, max_length) if max_batch > 1 else 0
+    self.plan = prefill_chunks.ChunkPlan(self.prefill_chunk, chunk_steps, max_length)
     if self.prefill_chunk and self.prefill_chunk < chunk_steps:
       raise ConfigError(f"max_length={max_length} is shorter than chunk_steps={chunk_steps}:"
                         " set prefill_chunk=0")
@@ -190,7 +191,8 @@ class EngineCore:
       for n in self.row_buckets:
         self._run_decode(n)
         if n in self.mixed_buckets:
-          self._run_decode(n, {0: self._chunk([self.pad_id], 0, 1, 0)})
+          self._run_decode(n, self.plan.chunks([self.pad_id], 0, 1, self.prefill_chunk,
+                                                       self.pad_id))
     self.cache.reset()
 
   def check(self, prompt_len: int, max_tokens: int) -> None:
@@ -267,17 +269,11 @@ class EngineCore:
       if handle.cancelled:
         self.stats["cancelled"] += 1
         continue
-      if chunked and self._chunk_count(len(handle.request.prompt_ids)) is not None:
+      if chunked and self.plan.count(len(handle.request.prompt_ids)) is not None:
         self._take(handle, i, pending=True)
       else:
         whole.append((handle, i))
     self._prefill_whole(whole)
-
-  def _chunk_count(self, prompt_len: int) -> int | None:
-    """How many chunks prefill a prompt; None if they do not fit one round."""
-    count = -(-prompt_len // self.prefill_chunk)
-    fits = count <= self.chunk_steps and count * self.prefill_chunk <= self.max_length
-    return count if fits else None
 
   def _take(self, handle: Handle, i: int, pending: bool = False) -> _Row:
     req = handle.request
@@ -316,51 +312,25 @@ class EngineCore:
       self.last[i] = first
       self._deliver(i, [first])
 
-  def _chunk(self, ids: Sequence[int], index: int, count: int, prompt_slot: int
-             ) -> engine_steps.PrefillChunk:
-    """Chunk `index` of `count` of the prompt `ids` whose first token goes to slot
-    `prompt_slot` (the prompt left-padded to `count` whole chunks); its row is set by the
-    caller."""
-    c = self.prefill_chunk
-    pad = count * c - len(ids)
-    padded = np.full(count * c, self.pad_id, np.int32)
-    padded[pad:] = ids
-    span = np.arange(index * c, (index + 1) * c, dtype=np.int32)
-    return engine_steps.PrefillChunk(
-        tokens=padded[span], positions=np.maximum(span - pad, 0).astype(np.int32),
-        slot=np.int32(prompt_slot - pad + index * c), row=np.int32(0),
-        row_start=np.int32(prompt_slot), last=np.int32(index == count - 1))
-
   def _plan(self) -> tuple[dict[int, engine_steps.PrefillChunk], dict[int, int]]:
-    """This round's prefill chunks by step, and the step each newly prefilled row joins
-    the decoding at: pending rows in row order, each prompt's chunks on consecutive steps
-    while the round has steps left. Re-lays the cache out so that every chunk's slots
-    exist (the prompts end at the slot their rows join at)."""
-    steps, joins, used = {}, {}, 0
-    for i, row in enumerate(self.rows):
-      if row is None or not row.pending:
-        continue
-      count = self._chunk_count(len(row.request.prompt_ids))
-      if used + count > self.chunk_steps:
-        break
-      joins[i] = used + count
-      used += count
+    """This round's prefill chunks by step and the step each newcomer's row joins the
+    decoding at (`prefill_chunks.ChunkPlan`); re-lays the cache out so that every chunk's
+    slots exist."""
+    lengths = {i: len(r.request.prompt_ids) for i, r in enumerate(self.rows)
+               if r is not None and r.pending}
+    joins = self.plan.joins(lengths)
     if not joins:
-      return steps, joins
-    self._fit(max(self._chunk_count(len(self.rows[i].request.prompt_ids)) * self.prefill_chunk
-                  for i in joins))
+      return {}, joins
+    self._fit(self.plan.min_end([lengths[i] for i in joins]))
+    steps = {}
     for i, join in joins.items():
       ids = self.rows[i].request.prompt_ids
-      count = self._chunk_count(len(ids))
-      prompt_slot = self.cache.end + join - len(ids)
-      for index in range(count):
-        chunk = self._chunk(ids, index, count, prompt_slot)
-        chunk.row = np.int32(i)
-        steps[join - count + index] = chunk
-      self.cache.row_start[i] = prompt_slot
+      chunks = self.plan.chunks(ids, i, join, self.cache.end, self.pad_id)
+      steps.update(chunks)
+      self.cache.row_start[i] = self.cache.end + join - len(ids)
       self.positions[i] = len(ids) - join  # so that step `join` decodes position len(ids)
       self.counters[i] = 1 - join  # the first token's (step join - 1) is 0
-      self.stats["prefill_chunks"] += count
+      self.stats["prefill_chunks"] += len(chunks)
     return steps, joins
 
   def _run_decode(self, n: int, chunks: dict[int, engine_steps.PrefillChunk] | None = None
