@@ -295,8 +295,27 @@ def test_generate_precedence_config_then_model_then_nemo():
       helpfulness=4, correctness=4, coherence=4, complexity=4, verbosity=0)
   assert template.label_string(steering.run_attributes(_generate_config(), None)) == (
       template.label_string(chat_template.NEMO_DEFAULTS))
-  assert steering.run_attributes(_generate_config(), chat_template.NO_LABELS) == dict(
-      chat_template.NEMO_DEFAULTS)
+  # An export trained without labels declares none: its prompts carry an empty label, as
+  # its training (RL from a label-less source) rendered them; unless names are asked for.
+  assert steering.run_attributes(_generate_config(), chat_template.NO_LABELS) == {}
+  config = _generate_config()
+  config.steer_attributes = "humor"
+  assert steering.run_attributes(config, chat_template.NO_LABELS) == {"humor": 0}
+
+
+def test_the_server_and_a_local_judge_ask_an_export_for_its_own_attributes(tmp_path):
+  """`run_attributes` of the export's section: what the server's chat route
+  (`serve.backend.default_attributes`) and a local judge (`inference.judge`) both ask."""
+  from helpsteer_jax import weights
+  from helpsteer_jax.serve import backend
+  (tmp_path / "config.json").write_text(json.dumps(
+      {"steerlm": chat_template.NO_LABELS.section()}))
+  config = _generate_config()
+  config.init.source = str(tmp_path)
+  assert weights.steer_spec(config) == chat_template.NO_LABELS
+  assert backend.default_attributes(config) == {}
+  (tmp_path / "config.json").write_text("{}")  # a model without the section: NeMo's nine
+  assert backend.default_attributes(config) == dict(chat_template.NEMO_DEFAULTS)
 
 
 def test_dpo2d_export_steers_the_response_label_else_the_policy_source(tmp_path):

@@ -4,7 +4,10 @@
 Every process runs the same engine over the same prompts (the engine is SPMD over the
 mesh), so greedy answers, and the rewards read from them, are the same everywhere. A
 prompt is rendered as the judge was trained on it: one user turn in the SteerLM chat
-format with the model's own requested attributes (`steering.run_attributes`).
+format with the model's own requested attributes (`steering.run_attributes` of its
+export's `steerlm` section: what the server's chat route asks of the same model by
+default, and, for an export trained without labels, an empty label, as its training
+rendered its prompts).
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from absl import logging
 from helpsteer_jax import runtime, weights
 from helpsteer_jax.config_sections import init_config, steer_config
 from helpsteer_jax.data import template
-from helpsteer_jax.data.chat_template import NO_LABELS
 from helpsteer_jax.data.records import Conversation, Turn
 from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.generator import Generator, make_engine
@@ -67,8 +69,9 @@ def load_genrm(section: ml_collections.ConfigDict, rt: runtime.Runtime | None,
   engine = make_engine(model, rt.mesh, tokenizer, rules=rt.rules,
                        max_batch=int(section.batch_size), max_length=int(section.max_len),
                        pad_id=int(pad))
-  spec = weights.steer_spec(config) or NO_LABELS
-  attributes = steering.run_attributes(config, spec) if spec.attributes else {}
+  # The rule the server's chat route asks by (`serve.backend.default_attributes`), so that
+  # the same model served answers a judge prompt as it does here.
+  attributes = steering.run_attributes(config, weights.steer_spec(config))
   answers = EngineAnswers(Generator(engine, add_bos=bool(section.add_bos)),
                           section.judge_max_new_tokens, template.DEFAULT_SYSTEM, attributes)
   return GenrmJudge(answers, section.aggregation, bool(section.judge_guidelines))

@@ -5,7 +5,9 @@ model answers to the label format it was trained on (all nine for OASST +
 HelpSteer SteerLM models, the five HelpSteer ones for models trained on
 HelpSteer rows only). Precedence, name by name: the config (a non-empty
 `steer_attributes`, a set `config.steer.<name>`), then the model's own
-`steerlm` section (what AC-SFT and 2D-DPO exports carry), then all nine
+`steerlm` section (what AC-SFT and 2D-DPO exports carry; one that declares no
+attributes, an export trained without labels, gets none: an empty label, as its
+training rendered its prompts), then, for a model without that section, all nine
 names with NeMo's SteerLM inference values (quality 4, toxicity 0, humor 0,
 creativity 0, and 4 for the five HelpSteer attributes). Prompts are built by
 `data.template.generation_prompt`, the formatter AC-SFT training uses, and
@@ -63,11 +65,13 @@ def checked(values: Mapping[str, Any]) -> dict[str, int]:
 def run_attributes(config: ml_collections.ConfigDict,
                    model: SteerSpec | None = None) -> dict[str, int]:
   """The run's attribute values: names from `steer_attributes`, else the model's
-  steerable ones, else all nine; each value from `config.steer`, else the
-  model's default, else NeMo's."""
+  steerable ones (none for a model whose `steerlm` section declares none: an export
+  trained without labels, whose prompts carry an empty label), else, for a model
+  without a section, all nine; each value from `config.steer`, else the model's
+  default, else NeMo's."""
   if config.steer_attributes:
     names = attribute_names(config.steer_attributes)
-  elif model is not None and model.attributes:
+  elif model is not None:
     names = model.attributes
   else:
     names = ATTRIBUTES

@@ -85,12 +85,14 @@ def load_policy(config: ml_collections.ConfigDict, rt: runtime.Runtime,
 
 @dataclasses.dataclass
 class AttributeModel:
-  """The scorer behind the reward routes, the default weights of its reward, and the length
-  of a conversation's input ids (None: a source whose input this server does not build)."""
+  """The scorer behind the reward routes, the default weights of its reward, the length
+  of a conversation's input ids (None: a source whose input this server does not build)
+  and the kind of generative judge it is (`scorer.judge`; "": not a judge)."""
 
   scorer: Scorer
   weights: np.ndarray
   tokens: Callable[[Conversation], int] | None = None
+  judge: str = ""
 
 
 def load_attribute_model(config: ml_collections.ConfigDict,
@@ -105,4 +107,5 @@ def load_attribute_model(config: ml_collections.ConfigDict,
   if isinstance(scorer, ModelScorer):
     tok = scorer.tok
     tokens = lambda conv: len(tok.ids(conv))  # noqa: E731 - fits: the scorer scored it
-  return AttributeModel(scorer, rewards.weight_vector(config.scorer.weights.to_dict()), tokens)
+  return AttributeModel(scorer, rewards.weight_vector(config.scorer.weights.to_dict()), tokens,
+                        str(config.scorer.get("judge") or ""))

@@ -21,6 +21,7 @@ from helpsteer_jax.data import template
 from helpsteer_jax.data.records import ATTRIBUTES, NUM_ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.sampling import MAX_LOGPROBS
+from helpsteer_jax.scoring.scorer import REWARD_SLOT
 
 MAX_STOP_STRINGS = 4  # as OpenAI's API
 
@@ -76,7 +77,9 @@ class TextPart(_Strict):
 
 
 class Message(_Strict):
-  role: Literal["system", "developer", "user", "assistant"]
+  # response_1, response_2, principle: a GenRM comparison's (serve.judge_chat)
+  role: Literal["system", "developer", "user", "assistant", "response_1", "response_2",
+                "principle"]
   content: str | list[TextPart]
   name: str | None = None
 
@@ -243,6 +246,9 @@ def conversation(messages: list[Message], label: str | None = None,
   for i, m in enumerate(messages):
     if m.role in ("system", "developer"):
       raise ApiError("messages: a system message may only come first", param="messages")
+    if m.role not in ("user", "assistant"):
+      raise ApiError(f"messages: the role {m.role!r} belongs to a GenRM comparison, sent to"
+                     " /v1/chat/completions as its last two messages", param="messages")
     role = "User" if m.role == "user" else "Assistant"
     turns.append(Turn(role, m.text(), label if role == "Assistant" else None))
   if not turns or turns[-1].role != "User":
@@ -339,10 +345,14 @@ def classify_response(model: str, predictions: np.ndarray, rewards: np.ndarray,
                     "completion_tokens": 0, "prompt_tokens_details": None}}
 
 
-def get_reward_response(predictions: np.ndarray, rewards: np.ndarray) -> dict:
+def get_reward_response(predictions: np.ndarray, rewards: np.ndarray,
+                        judged: bool = False) -> dict:
   """OpenRLHF's reward body: `rewards` and `scores` (the weighted reward, which OpenRLHF's
-  dynamic filtering reads as `scores`) and `extra_logs`, one list per attribute."""
+  dynamic filtering reads as `scores`) and `extra_logs`, one list per attribute; for a
+  generative judge (`judged`) only its own reward, unweighted, in the column it writes
+  (`scorer.REWARD_SLOT`)."""
   rewards_ = [float(r) for r in rewards]
+  names = (REWARD_SLOT,) if judged else ATTRIBUTES
   return {"rewards": rewards_, "scores": list(rewards_),
-          "extra_logs": {name: [float(v) for v in predictions[:, j]]
-                         for j, name in enumerate(ATTRIBUTES)}}
+          "extra_logs": {name: [float(v) for v in predictions[:, ATTRIBUTES.index(name)]]
+                         for name in names}}

@@ -1,5 +1,6 @@
-"""The generating routes: /v1/chat/completions (steered by `attributes`) and the legacy
-/v1/completions (prompt forms, echo, logprobs)."""
+"""The generating routes: /v1/chat/completions (steered by `attributes`; a GenRM
+comparison in NeMo-RL's shape, `judge_chat`) and the legacy /v1/completions (prompt
+forms, echo, logprobs)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from absl import logging
 from fastapi.responses import JSONResponse, Response
 
 from helpsteer_jax.data import template
-from helpsteer_jax.serve import body, jobs, openapi, protocol
+from helpsteer_jax.serve import body, jobs, judge_chat, openapi, protocol
 from helpsteer_jax.serve import completions as completions_lib
 from helpsteer_jax.serve import state as state_lib
 
@@ -25,9 +26,15 @@ async def chat(request: fastapi.Request):
   given, param = req.requested_attributes()
   attributes = protocol.attributes(given, settings.attributes, param)
   label = template.label_string(attributes)
+  judged = judge_chat.judge_prompt(req.messages, settings.judge_guidelines)
+  if judged is not None and req.stream:
+    raise protocol.ApiError("stream: a GenRM comparison is answered whole (its parsed scores"
+                            " follow the text)", param="stream")
+  messages = req.messages if judged is None else [protocol.Message(role="user",
+                                                                    content=judged)]
 
   def render() -> list[int]:
-    conv = protocol.conversation(req.messages, label, settings.system)
+    conv = protocol.conversation(messages, label, settings.system)
     return state.policy.encode(template.generation_prompt(conv, attributes))
 
   j = jobs.job(state, req, await asyncio.to_thread(render), chat=True)  # off the event loop
@@ -39,6 +46,8 @@ async def chat(request: fastapi.Request):
   if finals is None:
     return Response(status_code=499)  # the client closed the connection
   texts = [(jobs.final_text(j, u), u.finish_reason) for u in finals]
+  if judged is not None:
+    texts = [(judge_chat.answer_text(text), finish) for text, finish in texts]
   return JSONResponse(protocol.chat_response(settings.model_name, texts, len(j.prompt_ids),
                                              sum(u.completion_tokens for u in finals)))
 

@@ -1,4 +1,5 @@
-"""The reward routes: the attribute model's predictions and weighted reward per conversation.
+"""The reward routes: the attribute model's predictions and weighted reward per conversation
+(or a generative judge's reward, `scorer.judge`, in its column).
 
 - `/v1/rewards`: this API's own (conversations as chat items, or attribute-model input texts);
 - `/get_reward`: OpenRLHF's remote reward model protocol (`--remote_rm_url`);
@@ -73,7 +74,7 @@ async def get_reward(request: fastapi.Request):
   attribute_model = _attribute_model(state)
   convs = await asyncio.to_thread(_conversations, req.query, "query", state.special_texts)
   preds, rewards_ = await _scored(attribute_model, convs, "query")
-  return protocol.get_reward_response(preds, rewards_)
+  return protocol.get_reward_response(preds, rewards_, judged=bool(attribute_model.judge))
 
 
 @openapi.post(router, "/classify", protocol.ClassifyRequest, 404)
@@ -132,11 +133,17 @@ def _conversations(texts: Sequence[str], param: str, specials: tuple[str, ...] =
 async def _scored(attribute_model: AttributeModel, convs: list[Conversation], param: str
                   ) -> tuple[np.ndarray, np.ndarray]:
   """([n, 9] predictions, [n] rewards at the configured weights); a 400 naming the first
-  text too long for the attribute model (these protocols have no null reward)."""
+  text not scored (these protocols have no null reward): too long for the attribute
+  model, or, for a GenRM, no judgement of it that parses."""
   preds = np.asarray(await asyncio.to_thread(attribute_model.scorer, convs), np.float32)
   unscored = np.flatnonzero(np.isnan(preds).any(axis=1))
   if unscored.size:
     where = f"{param}.{unscored[0]}"
+    if attribute_model.judge == "genrm":
+      raise protocol.ApiError(
+          f"{where}: the GenRM judge wrote no answer about it that parses (or its pairs'"
+          " prompts leave no room for scorer.judge_max_new_tokens in scorer.max_len)",
+          param=where, code="not_judged")
     raise protocol.ApiError(f"{where}: too long for the attribute model to score (its"
                             " scorer.max_len)", param=where, code="context_length_exceeded")
   return preds, rewards_lib.rewards(preds, attribute_model.weights)

@@ -29,6 +29,7 @@ class Settings:
   max_n: int = 8
   temperature: float = 1.0     # OpenAI's defaults
   top_p: float = 1.0
+  judge_guidelines: bool = True  # a GenRM comparison's prompt form (scorer.judge_guidelines)
 
 
 @dataclasses.dataclass

@@ -183,8 +183,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   setup = setup_lib.prepare(config, workdir)
   loop.check_batch_config(config.train, setup.rt)
   spec = policy.source_spec(config)
-  attributes = (steering.run_attributes(config, spec)
-                if spec.attributes or config.steer_attributes else {})
+  attributes = steering.run_attributes(config, spec)
   label = template.label_string(attributes) if attributes else ""
   train, held_out = (rounds.fitting(_requests(config, attributes, which), setup.tokenizer,
                                     config, config.sampling.max_new_tokens, f"{which} prompts")

@@ -117,8 +117,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   rt, workdir, tokenizer = setup.rt, setup.workdir, setup.tokenizer
   rollout_rt = off_policy.rollout_runtime(config, rt, rollout_devices) if s.max_staleness else rt
   spec = policy.source_spec(config)
-  attributes = (steering.run_attributes(config, spec)
-                if spec.attributes or config.steer_attributes else {})
+  attributes = steering.run_attributes(config, spec)
   if config.scorer.source == PRINCIPLE_VERIFIER and (s.max_staleness or s.multi_turn):
     raise ConfigError(f"scorer.source={PRINCIPLE_VERIFIER} reads each rollout's own"
                       " log-probabilities of its verdict: set rollout.max_staleness=0 and"

@@ -60,7 +60,8 @@ def settings(config: ml_collections.ConfigDict) -> app_lib.Settings:
       allowed_hosts=guard.allowed_hosts(s.allowed_hosts, s.host),
       max_request_bytes=s.max_request_bytes,
       max_tokens=s.max_tokens, max_n=s.max_n, temperature=float(config.sampling.temperature),
-      top_p=float(config.sampling.top_p))
+      top_p=float(config.sampling.top_p),
+      judge_guidelines=bool(config.scorer.judge_guidelines))
 
 
 def request_bytes(limit: int, max_length: int) -> int:

@@ -335,7 +335,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   loop.check_batch_config(config.train, setup.rt)  # before an iteration's sampling
   spec = policy.source_spec(config)
   names = _names(config, spec)
-  defaults = steering.run_attributes(config, spec)
+  # A source without labels steers NeMo's nine here: SteerLM 2.0 trains it to.
+  defaults = steering.run_attributes(config, spec if spec.attributes else None)
   requests = rounds.fitting(read_requests(config, names, defaults), setup.tokenizer, config,
                             config.sampling.max_new_tokens, "steerlm2 training prompts")
   scorer = load_scorer(config.scorer, setup.rt)
