@@ -28,6 +28,11 @@ IN_WORKDIR = "workdir"
 SUBDIR = "compile_cache"
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 HIT_EVENT = "/jax/compilation_cache/cache_hits"
+# Where a compile's time goes: tracing to a jaxpr, lowering it to StableHLO, and XLA's
+# compile (or the read from the persistent cache).
+PHASE_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace",
+                "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+                COMPILE_EVENT: "compile"}
 
 
 def resolve(directory: str, workdir: str | pathlib.Path) -> pathlib.Path | None:
@@ -68,11 +73,14 @@ def use(path: pathlib.Path | None, min_compile_secs: float = 0.0) -> None:
 
 @dataclasses.dataclass
 class Counts:
-  """Programs compiled (`compiles`, counting those read from the cache) and read from the
-  persistent cache (`cache_hits`)."""
+  """Programs compiled (`compiles`, counting those read from the cache), read from the
+  persistent cache (`cache_hits`), and the seconds spent tracing, lowering and compiling
+  (or reading) them."""
 
   compiles: int = 0
   cache_hits: int = 0
+  seconds: dict[str, float] = dataclasses.field(
+      default_factory=lambda: dict.fromkeys(PHASE_EVENTS.values(), 0.0))
 
   @property
   def compiled_here(self) -> int:
@@ -100,11 +108,15 @@ class CompileCounter:
 
   def snapshot(self) -> Counts:
     with self._lock:
-      return dataclasses.replace(self._counts)
+      return dataclasses.replace(self._counts, seconds=dict(self._counts.seconds))
 
   def _on_duration(self, event: str, duration: float, **kwargs: Any) -> None:
-    if event == COMPILE_EVENT:
-      with self._lock:
+    phase = PHASE_EVENTS.get(event)
+    if phase is None:
+      return
+    with self._lock:
+      self._counts.seconds[phase] += duration
+      if event == COMPILE_EVENT:
         self._counts.compiles += 1
 
   def _on_event(self, event: str, **kwargs: Any) -> None:

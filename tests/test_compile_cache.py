@@ -75,8 +75,9 @@ def _warm(model, tok) -> tuple[compile_cache.Counts, list[int]]:
   engine.warm_up()
   after = COUNTER.snapshot()
   out = generator.Generator(engine).complete(["Name a colour"], 6)[0]
+  seconds = {k: after.seconds[k] - before.seconds[k] for k in after.seconds}
   return compile_cache.Counts(after.compiles - before.compiles,
-                              after.cache_hits - before.cache_hits), list(out.token_ids)
+                              after.cache_hits - before.cache_hits, seconds), list(out.token_ids)
 
 
 def test_a_second_warm_up_reads_every_program_from_the_cache(tmp_path, restore_jax_cache):
@@ -85,6 +86,8 @@ def test_a_second_warm_up_reads_every_program_from_the_cache(tmp_path, restore_j
   cache = compile_cache.configure(_config("workdir"), tmp_path)
   first, tokens = _warm(model, tok)
   assert first.compiles > 0 and first.cache_hits == 0, first
+  assert set(first.seconds) == {"trace", "lower", "compile"}
+  assert all(t > 0 for t in first.seconds.values()), first
   entries = {p.name for p in pathlib.Path(cache).iterdir()}
   assert len(entries) >= first.compiles, (len(entries), first)
   second, again = _warm(model, tok)
@@ -92,3 +95,5 @@ def test_a_second_warm_up_reads_every_program_from_the_cache(tmp_path, restore_j
   assert 0 < second.compiles <= first.compiles, (first, second)
   assert second.cache_hits == second.compiles and second.compiled_here == 0, second
   assert again == tokens
+  # Reading a program is faster than compiling it.
+  assert second.seconds["compile"] < first.seconds["compile"], (first, second)

@@ -92,9 +92,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   api = dataclasses.replace(api, max_request_bytes=request_bytes(
       config.serve.max_request_bytes, policy.engine.max_length))
   app = app_lib.create_app(policy, api, attribute_model, compiles)
+  spent = compiles.snapshot()
   print(f"serve: {api.model_name} warmed up in {time.perf_counter() - start:.1f}s"
-        f" ({compiles.count} compiles, {compiles.cache_hits} of them read from the compilation"
-        f" cache); API http://{config.serve.host}:{config.serve.port}/v1,"
+        f" ({spent.compiles} compiles, {spent.cache_hits} of them read from the compilation"
+        f" cache; {' + '.join(f'{s:.1f}s {k}' for k, s in spent.seconds.items())});"
+        f" API http://{config.serve.host}:{config.serve.port}/v1,"
         f" playground http://{config.serve.host}:{config.serve.port}/", flush=True)
   drain = config.serve.drain_seconds
   engine = policy.engine
