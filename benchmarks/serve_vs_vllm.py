@@ -46,6 +46,14 @@ servers render the export's SteerLM template, so those should match). Reports ge
 second of wall time, p50 / p99 request latency and, for ours, XLA compiles
 while the requests ran (the server's /stats).
 
+Memory and start-up, per side and dtype (the second table): the server's peak
+resident memory over its whole run (ours: the process's VmHWM; vLLM: the
+largest sampled sum of PSS over its process tree, its engine core being a
+child process), the KV cache (ours: computed from the export's shapes at the
+largest slot count; vLLM: `--vllm-kv-gib`), and for ours the warm-up on a first
+start (its compilation cache emptied) and on a restart that reads the
+programs from the cache (`compile_cache` in docs/tasks/serve.md).
+
 Writes benchmarks/results/serve_vs_vllm.json and the table in docs/results.md;
 `--smoke` only prints (for a quick check that both sides work).
 """
@@ -57,9 +65,12 @@ import concurrent.futures
 import json
 import os
 import pathlib
+import re
+import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import common
@@ -71,6 +82,7 @@ TRAIN = common.REPO.parent / "shared" / "data" / "helpsteer2" / "train_first100.
 TOPICS = ["rivers", "bread", "volcanoes", "chess", "owls", "glass", "tides", "maps",
           "bridges", "honey", "comets", "clocks", "coral reefs", "paper", "deserts", "violins"]
 MODEL_NAME = "bench"
+CHUNK_STEPS = 8  # configs/serve.py's serve.chunk_steps
 
 
 def prompts(n: int) -> list[str]:
@@ -120,6 +132,100 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
 HEADER = ["dtype", "concurrent", "ours tokens/s", "vLLM tokens/s", "ours / vLLM",
           "ours p50 / p99 (s)", "vLLM p50 / p99 (s)", "ours tokens/request",
           "vLLM tokens/request", "ours compiles during requests"]
+MEMORY_HEADER = ["dtype", "ours peak RSS (GiB)", "ours KV cache (GiB)", "vLLM peak RSS (GiB)",
+                 "vLLM KV cache (GiB)", "ours warm-up, first start (s / compiles)",
+                 "ours warm-up, restart (s / compiled, not read from the cache)"]
+GIB = 2**30
+WARMED_UP = re.compile(r"warmed up in ([0-9.]+)s \((\d+) compiles, (\d+) of them read")
+
+
+def memory_rows(rows: list[dict]) -> list[list[str]]:
+  """The memory table: one line per dtype, from each side's `memory` record."""
+  by_key = {(r["server"], r["dtype"]): r for r in rows}
+  out = []
+  for dtype in dict.fromkeys(r["dtype"] for r in rows):
+    ours, theirs = by_key.get(("ours", dtype)), by_key.get(("vllm", dtype))
+
+    def cell(r, key, fmt="{:.2f}"):
+      return fmt.format(r[key] / GIB) if r and r.get(key) is not None else "-"
+
+    def warm(start):
+      return (f"{start['warmup_s']:.1f} / {start['compiles'] - start.get('cache_hits', 0)}"
+              if start else "-")
+
+    out.append([dtype, cell(ours, "peak_rss_bytes"), cell(ours, "kv_cache_bytes"),
+                cell(theirs, "peak_rss_bytes"), cell(theirs, "kv_cache_bytes", "{:.0f}"),
+                warm(ours and ours.get("first_start")), warm(ours and ours.get("restart"))])
+  return out
+
+
+def kv_cache_bytes(model_dir: pathlib.Path, rows: int, max_length: int, dtype: str) -> int:
+  """Our engine's keys and values at their largest slot count: rows x slots x layers x
+  kv_heads x head_dim x 2, in the compute dtype."""
+  from helpsteer_jax.inference import engine_steps
+  cfg = json.loads((model_dir / "config.json").read_text())
+  head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+  kv_heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+  slots = max(engine_steps.length_buckets(max_length, CHUNK_STEPS))
+  itemsize = 2 if dtype == "bfloat16" else 4
+  return 2 * rows * slots * cfg["num_hidden_layers"] * kv_heads * head_dim * itemsize
+
+
+def proc_status(pid: int) -> dict[str, int]:
+  """VmRSS / VmHWM of `pid` in bytes (Linux)."""
+  out = {}
+  for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+    key, _, value = line.partition(":")
+    if key in ("VmRSS", "VmHWM"):
+      out[key] = int(value.split()[0]) * 1024
+  return out
+
+
+def tree_pss(pid: int) -> int:
+  """Proportional set size of `pid` and its descendants in bytes (shared pages counted
+  once over the tree; 0 for processes gone meanwhile)."""
+  total, todo = 0, [pid]
+  while todo:
+    p = todo.pop()
+    try:
+      for line in pathlib.Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+          total += int(line.split()[1]) * 1024
+      for task in pathlib.Path(f"/proc/{p}/task").iterdir():
+        todo += [int(c) for c in (task / "children").read_text().split()]
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+      continue
+  return total
+
+
+class PeakSampler:
+  """The largest `tree_pss` of a process tree, sampled every `every` seconds."""
+
+  def __init__(self, pid: int, every: float = 0.5):
+    self.pid, self.every, self.peak = pid, every, 0
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, daemon=True)
+    self._thread.start()
+
+  def _run(self) -> None:
+    while not self._stop.is_set():
+      self.peak = max(self.peak, tree_pss(self.pid))
+      self._stop.wait(self.every)
+
+  def stop(self) -> int:
+    self._stop.set()
+    self._thread.join()
+    return self.peak
+
+
+def warmup_record(log: pathlib.Path) -> dict | None:
+  """Our server's warm-up line: seconds, programs compiled, and how many of them came
+  from the compilation cache."""
+  found = WARMED_UP.search(log.read_text(errors="replace"))
+  if found is None:
+    return None
+  return {"warmup_s": float(found[1]), "compiles": int(found[2]),
+          "cache_hits": int(found[3])}
 
 
 def free_port() -> int:
@@ -168,6 +274,10 @@ def wait_ready(proc: subprocess.Popen, url: str, log: pathlib.Path, timeout: flo
     time.sleep(1)
 
 
+def ours_workdir(log: pathlib.Path) -> pathlib.Path:
+  return log.parent / "ours_workdir"
+
+
 def start_ours(model_dir: pathlib.Path, dtype: str, port: int, args,
                log: pathlib.Path) -> subprocess.Popen:
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
@@ -177,7 +287,7 @@ def start_ours(model_dir: pathlib.Path, dtype: str, port: int, args,
          f"--config.init.source={model_dir}", f"--config.model.dtype={dtype}",
          f"--config.model.param_dtype={dtype}", f"--config.serve.model_name={MODEL_NAME}",
          f"--config.serve.port={port}", f"--config.serve.max_length={args.max_length}",
-         f"--config.serve.max_batch={args.rows}", f"--workdir={log.parent / 'ours_workdir'}"],
+         f"--config.serve.max_batch={args.rows}", f"--workdir={ours_workdir(log)}"],
         cwd=common.REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
   return proc
 
@@ -226,16 +336,43 @@ def ask(client: openai.OpenAI, prompt: str, max_tokens: int,
   return reply.usage.prompt_tokens, reply.usage.completion_tokens, time.perf_counter() - start
 
 
+def stop(proc: subprocess.Popen) -> None:
+  proc.terminate()
+  try:
+    proc.wait(120)
+  except subprocess.TimeoutExpired:
+    proc.kill()
+    proc.wait()
+
+
+def restart_ours(model_dir: pathlib.Path, dtype: str, args, logs: pathlib.Path) -> dict:
+  """Our server started again on the same workdir: its warm-up reads the programs the
+  first start wrote to the compilation cache."""
+  log = logs / f"ours_{dtype}_restart.log"
+  port = free_port()
+  proc = start_ours(model_dir, dtype, port, args, log)
+  try:
+    wait_ready(proc, f"http://127.0.0.1:{port}/stats", log, args.start_timeout)
+  finally:
+    stop(proc)
+  return warmup_record(log)
+
+
 def bench_server(server: str, model_dir: pathlib.Path, dtype: str, args,
-                 logs: pathlib.Path) -> list[dict]:
+                 logs: pathlib.Path) -> tuple[list[dict], dict]:
+  """The levels' rows and the side's memory / start-up record."""
   port = free_port()
   log = logs / f"{server}_{dtype}.log"
   start = start_ours if server == "ours" else start_vllm
   # vLLM can be told to generate every token; our API has no such parameter.
   extra = {} if server == "ours" else {"ignore_eos": True, "min_tokens": args.max_tokens}
+  if server == "ours":  # a first start: nothing in the compilation cache
+    shutil.rmtree(ours_workdir(log) / "compile_cache", ignore_errors=True)
   proc = start(model_dir, dtype, port, args, log)
+  sampler = PeakSampler(proc.pid)
   base = f"http://127.0.0.1:{port}"
   rows = []
+  memory = {"server": server, "dtype": dtype}
   try:
     wait_ready(proc, f"{base}/stats" if server == "ours" else f"{base}/health", log,
                args.start_timeout)
@@ -254,14 +391,20 @@ def bench_server(server: str, model_dir: pathlib.Path, dtype: str, args,
         row["compiles_during_requests"] = httpx.get(f"{base}/stats").json()["compiles"] - before
       print(json.dumps(row), flush=True)
       rows.append(row)
+    sampled = sampler.stop()
+    if server == "ours":
+      memory.update(peak_rss_bytes=proc_status(proc.pid)["VmHWM"], sampled_peak_bytes=sampled,
+                    kv_cache_bytes=kv_cache_bytes(model_dir, args.rows, args.max_length, dtype),
+                    first_start=warmup_record(log))
+    else:
+      memory.update(peak_rss_bytes=sampled, kv_cache_bytes=args.vllm_kv_gib * GIB)
   finally:
-    proc.terminate()
-    try:
-      proc.wait(120)
-    except subprocess.TimeoutExpired:
-      proc.kill()
-      proc.wait()
-  return rows
+    sampler.stop()
+    stop(proc)
+  if server == "ours":
+    memory["restart"] = restart_ours(model_dir, dtype, args, logs)
+  print(json.dumps(memory), flush=True)
+  return rows, memory
 
 
 def vllm_versions(python: str) -> dict:
@@ -316,14 +459,17 @@ def main() -> None:
   if "vllm" in servers:
     args.vllm_preload = vllm_preload(args.vllm_preload)
     versions = {**vllm_versions(args.vllm_python), "vllm_ld_preload": args.vllm_preload}
-  rows = []
+  rows, memory = [], []
   for dtype in args.dtypes.split(","):
     for server in servers:
-      rows += bench_server(server, model_dir, dtype, args, logs)
-  table = table_rows(rows)
-  print("| " + " | ".join(HEADER) + " |")
-  for r in table:
-    print("| " + " | ".join(r) + " |")
+      level_rows, record = bench_server(server, model_dir, dtype, args, logs)
+      rows += level_rows
+      memory.append(record)
+  table, memory_table = table_rows(rows), memory_rows(memory)
+  for header, lines in ((HEADER, table), (MEMORY_HEADER, memory_table)):
+    print("| " + " | ".join(header) + " |")
+    for r in lines:
+      print("| " + " | ".join(r) + " |")
   if args.smoke:
     return
   settings = {k: getattr(args, k) for k in (
@@ -332,8 +478,9 @@ def main() -> None:
   common.write_result("serve_vs_vllm", {
       "benchmark": "serve_vs_vllm", "model": "SmolLM2-135M-Instruct AC-SFT export",
       "model_dir": str(model_dir), "settings": settings,
-      "machine": {**common.machine(), **versions}, "results": rows})
+      "machine": {**common.machine(), **versions}, "results": rows, "memory": memory})
   common.update_doc_table("serve-vs-vllm", HEADER, table)
+  common.update_doc_table("serve-memory", MEMORY_HEADER, memory_table)
 
 
 if __name__ == "__main__":

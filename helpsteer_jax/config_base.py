@@ -133,6 +133,13 @@ def distributed_config(**overrides) -> ml_collections.ConfigDict:
   return section
 
 
+def compile_cache_section(directory: str = "") -> ml_collections.ConfigDict:
+  """JAX's persistent compilation cache (`compile_cache.py`): off unless `dir` is set."""
+  return ml_collections.ConfigDict(dict(
+      dir=directory,           # "workdir" = <workdir>/compile_cache, a path, or "" = off
+      min_compile_secs=0.0))   # programs that compile faster are not written
+
+
 def base_config(task: str) -> ml_collections.ConfigDict:
   """Fields every task has."""
   config = ml_collections.ConfigDict()
@@ -144,6 +151,7 @@ def base_config(task: str) -> ml_collections.ConfigDict:
   config.sharding_rules = DEFAULT_RULES
   config.tokenizer = ""  # HF tokenizer directory; "" = the model's or the demo one
   config.distributed = distributed_config()
+  config.compile_cache = compile_cache_section()
   # Ahead-of-time compilation for a TPU topology instead of running (aot.py).
   config.compile_only = False
   config.compile_topology = ""  # e.g. v5p-128, v5e-256, v5e:2x2

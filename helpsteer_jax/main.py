@@ -157,6 +157,8 @@ def main(argv: list[str]) -> None:
     distributed.initialize(config.get("distributed"))
     distributed.quiet_non_primary()
     logging.info("task=%s workdir=%s", config.task, workdir)
+    from helpsteer_jax import compile_cache
+    compile_cache.configure(config, workdir)
     task.run(config, workdir)
     distributed.finish()
   except DataError as e:

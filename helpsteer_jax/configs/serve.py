@@ -42,6 +42,8 @@ def get_config(preset: str = ""):
   config.steer = steer_config()
   config.steer_attributes = ""  # "": the model export's (else all nine); or a list
   config.mesh = config_base.mesh_config(data=1, fsdp=1, tensor=-1)
+  # A restart reads the warmed-up programs instead of compiling them (docs/tasks/serve.md).
+  config.compile_cache = config_base.compile_cache_section("workdir")
   config.serve = ml_collections.ConfigDict(dict(
       host="127.0.0.1", port=8000,
       model_name="",         # "" = the model directory's name

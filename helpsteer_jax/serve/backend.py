@@ -10,15 +10,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import pathlib
-import threading
 from typing import Any, Callable
 
-import jax
 import ml_collections
 import numpy as np
 from absl import logging
 
 from helpsteer_jax import runtime, weights
+from helpsteer_jax.compile_cache import CompileCounter as CompileCounter  # the server's
 from helpsteer_jax.data.records import Conversation
 from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.engine import Engine
@@ -28,23 +27,6 @@ from helpsteer_jax.scoring import rewards
 from helpsteer_jax.scoring.load import load_scorer
 from helpsteer_jax.scoring.model import ModelScorer
 from helpsteer_jax.scoring.scorer import Scorer
-
-BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-
-
-class CompileCounter:
-  """XLA programs this process has compiled so far, including those read from JAX's
-  persistent compilation cache (the event times both; JAX's monitoring events)."""
-
-  def __init__(self):
-    self.count = 0
-    self._lock = threading.Lock()
-    jax.monitoring.register_event_duration_secs_listener(self._on_event)
-
-  def _on_event(self, event: str, duration: float, **kwargs: Any) -> None:
-    if event == BACKEND_COMPILE_EVENT:
-      with self._lock:
-        self.count += 1
 
 
 def default_attributes(config: ml_collections.ConfigDict) -> dict[str, int]:

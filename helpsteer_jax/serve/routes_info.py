@@ -26,4 +26,5 @@ async def stats(request: fastapi.Request):
   engine, compiles = state.engine, state.compiles
   return {**engine.stats, "busy_rows": engine.busy_rows, "waiting": len(engine.waiting),
           "compiled_variants": engine.compiled_variants,
-          "compiles": None if compiles is None else compiles.count}
+          "compiles": None if compiles is None else compiles.count,
+          "compile_cache_hits": None if compiles is None else compiles.cache_hits}

@@ -19,6 +19,7 @@ import jax
 import ml_collections
 from absl import logging
 
+from helpsteer_jax import cpu_env
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.runs import setup as setup_lib
 from helpsteer_jax.serve import app as app_lib
@@ -77,6 +78,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   import uvicorn
   api = settings(config)  # bad settings fail before loading the model
   compiles = backend.CompileCounter()
+  # Compiling frees gigabytes in small pieces that glibc would keep resident.
+  cpu_env.trim_after_compiles()
   setup = setup_lib.prepare(config, workdir, tokenizer=False, model=False)
   policy = backend.load_policy(config, setup.rt, setup.workdir)
   attribute_model = backend.load_attribute_model(config, setup.rt)
@@ -85,12 +88,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     policy.engine.warm_up()
     if attribute_model is not None and hasattr(attribute_model.scorer, "warm_up"):
       attribute_model.scorer.warm_up()  # every length bucket: no compile while serving
+  cpu_env.trim()  # what warm-up's loading and runs freed
   policy.engine.start()
   api = dataclasses.replace(api, max_request_bytes=request_bytes(
       config.serve.max_request_bytes, policy.engine.max_length))
   app = app_lib.create_app(policy, api, attribute_model, compiles)
+  spent = compiles.snapshot()
   print(f"serve: {api.model_name} warmed up in {time.perf_counter() - start:.1f}s"
-        f" ({compiles.count} compiles); API http://{config.serve.host}:{config.serve.port}/v1,"
+        f" ({spent.compiles} compiles, {spent.cache_hits} of them read from the compilation"
+        f" cache; {' + '.join(f'{s:.1f}s {k}' for k, s in spent.seconds.items())});"
+        f" API http://{config.serve.host}:{config.serve.port}/v1,"
         f" playground http://{config.serve.host}:{config.serve.port}/", flush=True)
   drain = config.serve.drain_seconds
   engine = policy.engine
