@@ -54,7 +54,12 @@ largest slot count; vLLM: `--vllm-kv-gib`), and for ours the warm-up on a first
 start (its compilation cache emptied) and on a restart that reads the
 programs from the cache (`compile_cache` in docs/tasks/serve.md).
 
-Writes benchmarks/results/serve_vs_vllm.json and the table in docs/results.md;
+The wave (the third table, `stream_wave.py`): after the levels, `--wave-running`
+streamed chats are running when `--wave-newcomers` more arrive at once; the
+running streams' time between tokens during the wave, its median and p99, and
+their median before it.
+
+Writes benchmarks/results/serve_vs_vllm.json and the tables in docs/results.md;
 `--smoke` only prints (for a quick check that both sides work).
 """
 
@@ -74,6 +79,7 @@ import threading
 import time
 
 import common
+import stream_wave
 import httpx
 import numpy as np
 import openai
@@ -359,8 +365,8 @@ def restart_ours(model_dir: pathlib.Path, dtype: str, args, logs: pathlib.Path) 
 
 
 def bench_server(server: str, model_dir: pathlib.Path, dtype: str, args,
-                 logs: pathlib.Path) -> tuple[list[dict], dict]:
-  """The levels' rows and the side's memory / start-up record."""
+                 logs: pathlib.Path) -> tuple[list[dict], dict, dict | None]:
+  """The levels' rows, the side's memory / start-up record and its wave record."""
   port = free_port()
   log = logs / f"{server}_{dtype}.log"
   start = start_ours if server == "ours" else start_vllm
@@ -371,7 +377,7 @@ def bench_server(server: str, model_dir: pathlib.Path, dtype: str, args,
   proc = start(model_dir, dtype, port, args, log)
   sampler = PeakSampler(proc.pid)
   base = f"http://127.0.0.1:{port}"
-  rows = []
+  rows, wave = [], None
   memory = {"server": server, "dtype": dtype}
   try:
     wait_ready(proc, f"{base}/stats" if server == "ours" else f"{base}/health", log,
@@ -391,6 +397,15 @@ def bench_server(server: str, model_dir: pathlib.Path, dtype: str, args,
         row["compiles_during_requests"] = httpx.get(f"{base}/stats").json()["compiles"] - before
       print(json.dumps(row), flush=True)
       rows.append(row)
+    if args.wave_running:
+      from transformers import AutoTokenizer
+      tokenizer = AutoTokenizer.from_pretrained(model_dir)
+      wave = {"server": server, "dtype": dtype, **stream_wave.wave(
+          client, MODEL_NAME, prompts(args.wave_running + args.wave_newcomers),
+          args.wave_running, args.wave_newcomers, args.max_tokens,
+          lambda n: {} if server == "ours" else {"ignore_eos": True, "min_tokens": n},
+          lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]))}
+      print(json.dumps(wave), flush=True)
     sampled = sampler.stop()
     if server == "ours":
       memory.update(peak_rss_bytes=proc_status(proc.pid)["VmHWM"], sampled_peak_bytes=sampled,
@@ -404,7 +419,7 @@ def bench_server(server: str, model_dir: pathlib.Path, dtype: str, args,
   if server == "ours":
     memory["restart"] = restart_ours(model_dir, dtype, args, logs)
   print(json.dumps(memory), flush=True)
-  return rows, memory
+  return rows, memory, wave
 
 
 def vllm_versions(python: str) -> dict:
@@ -442,6 +457,9 @@ def main() -> None:
                       help="leave vLLM's prefix cache on (ours has none, and the levels repeat"
                            " the same prompts)")
   parser.add_argument("--start-timeout", type=float, default=1800)
+  parser.add_argument("--wave-running", type=int, default=8,
+                      help="streams running when the wave arrives (0: no wave phase)")
+  parser.add_argument("--wave-newcomers", type=int, default=8)
   parser.add_argument("--smoke", action="store_true",
                       help="print the figures only: no results file, no docs table")
   args = parser.parse_args()
@@ -459,14 +477,17 @@ def main() -> None:
   if "vllm" in servers:
     args.vllm_preload = vllm_preload(args.vllm_preload)
     versions = {**vllm_versions(args.vllm_python), "vllm_ld_preload": args.vllm_preload}
-  rows, memory = [], []
+  rows, memory, waves = [], [], []
   for dtype in args.dtypes.split(","):
     for server in servers:
-      level_rows, record = bench_server(server, model_dir, dtype, args, logs)
+      level_rows, record, wave = bench_server(server, model_dir, dtype, args, logs)
       rows += level_rows
       memory.append(record)
+      waves += [wave] if wave else []
   table, memory_table = table_rows(rows), memory_rows(memory)
-  for header, lines in ((HEADER, table), (MEMORY_HEADER, memory_table)):
+  wave_table = stream_wave.table_rows(waves) if waves else []
+  for header, lines in ((HEADER, table), (MEMORY_HEADER, memory_table),
+                        (stream_wave.HEADER, wave_table)):
     print("| " + " | ".join(header) + " |")
     for r in lines:
       print("| " + " | ".join(r) + " |")
@@ -474,13 +495,16 @@ def main() -> None:
     return
   settings = {k: getattr(args, k) for k in (
       "concurrency", "requests", "max_tokens", "rows", "max_length", "threads", "vllm_kv_gib",
-      "vllm_prefix_caching")}
+      "vllm_prefix_caching", "wave_running", "wave_newcomers")}
   common.write_result("serve_vs_vllm", {
       "benchmark": "serve_vs_vllm", "model": "SmolLM2-135M-Instruct AC-SFT export",
       "model_dir": str(model_dir), "settings": settings,
-      "machine": {**common.machine(), **versions}, "results": rows, "memory": memory})
+      "machine": {**common.machine(), **versions}, "results": rows, "memory": memory,
+      "wave": waves})
   common.update_doc_table("serve-vs-vllm", HEADER, table)
   common.update_doc_table("serve-memory", MEMORY_HEADER, memory_table)
+  if wave_table:
+    common.update_doc_table("serve-wave", stream_wave.HEADER, wave_table)
 
 
 if __name__ == "__main__":

@@ -107,3 +107,19 @@ def test_tree_pss_counts_a_childs_memory(bench):
   finally:
     child.kill()
     child.wait()
+
+
+def test_wave_spreads_an_events_gap_over_its_tokens_and_pairs_the_servers(bench):
+  wave = bench.stream_wave
+  count = lambda text: len(text.split())  # noqa: E731 - one token per word
+  # one word, then three words 0.3 s later, then one word 0.1 s after that
+  events = [(1.0, "a"), (1.3, "a b c d"), (1.4, "a b c d e")]
+  assert wave.token_gaps(events, count) == [(1.3, pytest.approx(0.1))] * 3 + [
+      (1.4, pytest.approx(0.1))]
+  assert wave.token_gaps(events[:1], count) == []
+  records = [{"server": s, "dtype": "float32", "running": 8, "newcomers": 8,
+              "tbt_median_s": m, "tbt_p99_s": p, "tbt_p99_over_median": p / m,
+              "tbt_median_before_s": b} for s, m, p, b in [("ours", 0.2, 0.5, 0.15),
+                                                          ("vllm", 0.05, 0.4, None)]]
+  assert wave.table_rows(records) == [
+      ["float32", "8 + 8", "200 / 500", "2.50x", "150", "50 / 400", "8.00x", "-"]]
