@@ -79,10 +79,10 @@ import threading
 import time
 
 import common
-import stream_wave
 import httpx
 import numpy as np
 import openai
+import stream_wave
 
 TRAIN = common.REPO.parent / "shared" / "data" / "helpsteer2" / "train_first100.jsonl"
 TOPICS = ["rivers", "bread", "volcanoes", "chess", "owls", "glass", "tides", "maps",
