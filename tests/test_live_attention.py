@@ -128,8 +128,9 @@ def test_one_compile_serves_every_span_and_no_live_row_gives_zeros(kernel):
 
 
 def test_window_sizes_end_with_the_buffer():
-  assert live_attention.window_sizes(264) == (64, 128, 256, 264)
+  assert live_attention.window_sizes(264) == (64, 128, 192, 256, 264)
   assert live_attention.window_sizes(64) == (64,)
+  assert live_attention.window_sizes(40, 16) == (16, 32, 40)
   with pytest.raises(ValueError, match="must end with"):
     q, k, v, info, first, _ = _case(1, 30)
     live_attention.window_attention(q, k, v, info, first, sizes=(8, 16))

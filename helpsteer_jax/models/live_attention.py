@@ -11,8 +11,9 @@ One compile serves every span:
   online softmax in fp32 (the flash-attention recurrence of running max,
   normaliser and output, Dao et al. 2022).
 - `window_attention` picks (`lax.switch`) the smallest of a few static window
-  sizes that holds the span, slices that one window and runs the dense path
-  on it: no loop, at most one window of padding read.
+  sizes that holds the span (`window_sizes`: multiples of a step), slices
+  that one window and runs the dense path on it: no loop, less than a step
+  of slots read beyond the span.
 
 Slots before `first` are never read. Both equal `cached_attention` wherever
 a query sees at least one slot and none before `first`: keys are kept by the
@@ -100,14 +101,10 @@ def live_attention(q, k, v, info: MaskInfo, first, *, block: int = 64,
   return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d).astype(q.dtype)
 
 
-def window_sizes(slots: int, smallest: int = 64) -> tuple[int, ...]:
-  """Window sizes for `window_attention`: doublings from `smallest` below `slots`, then
+def window_sizes(slots: int, step: int = 64) -> tuple[int, ...]:
+  """Window sizes for `window_attention`: the multiples of `step` below `slots`, then
   `slots`."""
-  sizes, n = [], smallest
-  while n < slots:
-    sizes.append(n)
-    n *= 2
-  return (*sizes, slots)
+  return (*range(step, slots, step), slots)
 
 
 def window_attention(q, k, v, info: MaskInfo, first, *, sizes: Sequence[int],
