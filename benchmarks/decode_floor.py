@@ -1,7 +1,7 @@
 """The whole decode step against its floor, per XLA:CPU setting.
 
 python benchmarks/decode_floor.py [--rows 16,64 --repeats 5 --settings default,ynn_off,...]
-python benchmarks/decode_floor.py --smoke     # default and ynn_off, 16 rows, 3 repeats
+python benchmarks/decode_floor.py --smoke   # default and ynn_off, 16 rows, 3 repeats
 
 On SmolLM2-135M's shape (random weights, fp32, one CPU device) times, at 16
 and 64 rows:
@@ -18,11 +18,12 @@ target: at most 1.2 at 16 rows). Two more of the step's parts are timed alone
 beside them: the 30 layers' dense decode attention over the same bucket
 (`decode_attention.py`) and sampling with the top-20 raw log-probabilities.
 
-XLA reads XLA_FLAGS once per process, so each setting runs in a child
-process of this run (this script with `--child`, the setting's flags
-appended to XLA_FLAGS), one after the other; the settings' times are
-therefore not interleaved, while the step and its floor within a setting
-are. The settings (flag values as this jaxlib's XLA parses them):
+XLA reads XLA_FLAGS once per process, so each setting runs in a process of
+its own started by this run (`worker`, its flags appended to XLA_FLAGS before
+JAX starts), all of them alive at once, and their parts are timed round-robin
+across the settings (the machine idle `--settle` s before each call), so the
+settings see the same machine load. The settings (flag values as this
+jaxlib's XLA parses them):
 - `default`: YNNPACK for each dot (`individual_dot`);
 - `ynn_off`: `--xla_cpu_experimental_ynn_fusion_type=` (XLA's own dot emitters);
 - `ynn_fusions`: YNNPACK dot and elementwise fusions besides single dots;
@@ -31,23 +32,26 @@ are. The settings (flag values as this jaxlib's XLA parses them):
   (oneDNN matmul custom calls with fused epilogues), YNNPACK off;
 - `onednn_fusion`: `--xla_cpu_experimental_onednn_fusion_type=dot,eltwise`, YNNPACK off;
 - `xnn_fusion`: `--xla_cpu_experimental_xnn_fusion_type=dot,eltwise`, YNNPACK off.
-Each child also counts the library calls in the compiled chain + head (YNNPACK
-fusions, oneDNN and XNNPACK calls: a setting this jaxlib does not act on
-shows none), and returns the step's greedy tokens and log-probabilities,
-compared with the default setting's (the weights are the same NumPy draws in
-every child). Writes benchmarks/results/decode_floor.json and the table in
-docs/results.md.
+Each worker counts the library calls in its compiled decode step (YNNPACK
+fusions, oneDNN and XNNPACK calls, from XLA's dump of the optimised program)
+and fingerprints that program: a setting whose step compiles to the same
+program as an earlier setting's (a flag this jaxlib does not act on) is
+reported as such and not timed again. It also returns the step's greedy
+tokens and log-probabilities, compared with the default setting's (the
+weights are the same NumPy draws in every process). Writes
+benchmarks/results/decode_floor.json and the table in docs/results.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import json
+import hashlib
 import os
+import pathlib
 import re
-import subprocess
-import sys
+import tempfile
+import time
 
 import common
 
@@ -111,8 +115,7 @@ def _engine(cfg, rows: int):
 
 
 def _floor(cfg, rows: int):
-  """(chain + head, head alone): callables on [rows, hidden], and the chain + head's
-  compiled text."""
+  """(chain + head, head alone): callables on [rows, hidden]."""
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -127,9 +130,8 @@ def _floor(cfg, rows: int):
   both = jax.jit(lambda x, ws, head: linear(chain(x, ws, linear, jax.nn.silu), head))
   alone = jax.jit(linear)
   x = jnp.full((rows, cfg.hidden_size), 0.01, jnp.float32)
-  text = both.lower(x, ws, head).compile().as_text()
   return (lambda: both(x, ws, head).block_until_ready(),
-          lambda: alone(x, head).block_until_ready(), text)
+          lambda: alone(x, head).block_until_ready())
 
 
 def _parts(cfg, rows: int) -> dict:
@@ -159,44 +161,97 @@ def _parts(cfg, rows: int) -> dict:
           "sampling": lambda: jax.block_until_ready(sample(logits, keys))}
 
 
-def child(args) -> dict:
-  """One setting's times (this process's XLA_FLAGS hold it)."""
+def _step_program(dump: pathlib.Path) -> str:
+  """The optimised HLO of the decode step among the programs XLA dumped."""
+  files = sorted(dump.glob("*decode_step*after_optimizations.txt"), key=lambda f: f.stat().st_size)
+  return files[-1].read_text() if files else ""
+
+
+def worker(conn, flags: str, model: str, rows: int, dump: str) -> None:
+  """One setting in its own process: XLA_FLAGS are set before JAX starts. Sends the
+  step's greedy tokens and log-probabilities, its library calls and a fingerprint of its
+  compiled program, then times one named part per request (`common.Worker`'s protocol,
+  with the part's name)."""
+  os.environ["XLA_FLAGS"] = f"{flags} --xla_dump_to={dump} --xla_dump_hlo_as_text".strip()
   import numpy as np
 
   from helpsteer_jax.models import catalog
-  cfg = catalog.model_config(args.model)
-  out = {"rows": {}}
-  for rows in (int(r) for r in args.rows.split(",")):
-    core = _engine(cfg, rows)
-    tokens, logprobs, _ = core._run_decode(rows)  # compiles; the checked tokens
-    both, head, text = _floor(cfg, rows)
-    fns = {"step_chunk": functools.partial(core._run_decode, rows), "chain_head": both,
-           "head": head, **_parts(cfg, rows)}
-    for fn in fns.values():
-      fn()
-    times = common.interleaved_times(fns, args.repeats)
-    ms = {name: 1e3 * common.median(t) for name, t in times.items()}
+  cfg = catalog.model_config(model)
+  core = _engine(cfg, rows)
+  tokens, logprobs, _ = core._run_decode(rows)  # compiles; the checked tokens
+  both, head = _floor(cfg, rows)
+  fns = {"step_chunk": functools.partial(core._run_decode, rows), "chain_head": both,
+         "head": head, **_parts(cfg, rows)}
+  for fn in fns.values():
+    fn()
+  program = _step_program(pathlib.Path(dump))
+  conn.send({"tokens": np.asarray(tokens).tolist(), "logprobs": np.asarray(logprobs).tolist(),
+             "library_calls": {k: len(re.findall(p, program, re.I))
+                               for k, p in LIBRARY_CALLS.items()},
+             "program": hashlib.sha256(re.sub(r"HloModule \S+", "", program).encode()
+                                       ).hexdigest()[:12]})
+  while (name := conn.recv()) is not None:
+    start = time.perf_counter()
+    fns[name]()
+    conn.send(time.perf_counter() - start)
+
+
+class Setting:
+  """A running `worker` process for one setting."""
+
+  def __init__(self, name: str, model: str, rows: int, tmp: str):
+    import multiprocessing as mp
+    flags = " ".join(f for f in (os.environ.get("XLA_FLAGS", ""), SETTINGS[name]) if f)
+    self.conn, child = mp.get_context("spawn").Pipe()
+    self.proc = mp.get_context("spawn").Process(
+        target=worker, args=(child, flags, model, rows, f"{tmp}/{name}-{rows}"), daemon=True)
+    self.proc.start()
+    self.info = self.conn.recv()
+
+  def run(self, part: str) -> float:
+    self.conn.send(part)
+    return self.conn.recv()
+
+  def stop(self) -> None:
+    self.conn.send(None)
+    self.proc.join(timeout=60)
+
+
+PARTS = ("step_chunk", "chain_head", "head", "attention", "sampling")
+
+
+def measure(names: list[str], model: str, rows: int, repeats: int, settle: float) -> dict:
+  """Every setting's parts at `rows` rows, timed round-robin across the settings' processes
+  (one part at a time, the machine left idle `settle` s before each); a setting whose
+  compiled step equals an earlier one's is not timed again."""
+  out, running = {}, {}
+  with tempfile.TemporaryDirectory() as tmp:
+    try:
+      for name in names:
+        setting = Setting(name, model, rows, tmp)
+        same = next((n for n, s in running.items()
+                     if s.info["program"] == setting.info["program"]), None)
+        out[name] = {k: v for k, v in setting.info.items()}
+        if same is not None:
+          out[name]["same_program_as"] = same
+          setting.stop()
+        else:
+          running[name] = setting
+      times = {(n, p): [] for n in running for p in PARTS}
+      for _ in range(repeats):
+        for name, setting in running.items():
+          for part in PARTS:
+            time.sleep(settle)
+            times[name, part].append(setting.run(part))
+    finally:
+      for setting in running.values():
+        setting.stop()
+  for name in running:
+    ms = {p: 1e3 * common.median(times[name, p]) for p in PARTS}
     ms["step"] = ms.pop("step_chunk") / CHUNK
-    out["rows"][rows] = {
-        "ms": {k: round(v, 2) for k, v in ms.items()},
-        "step_over_floor": round(ms["step"] / ms["chain_head"], 3),
-        "tokens": np.asarray(tokens).tolist(),
-        "logprobs": np.asarray(logprobs).tolist(),
-        "library_calls": {k: len(re.findall(p, text, re.I)) for k, p in LIBRARY_CALLS.items()}}
+    out[name]["ms"] = {k: round(v, 2) for k, v in ms.items()}
+    out[name]["step_over_floor"] = round(ms["step"] / ms["chain_head"], 3)
   return out
-
-
-def run_setting(name: str, args) -> dict:
-  flags = " ".join(f for f in (os.environ.get("XLA_FLAGS", ""), SETTINGS[name]) if f)
-  cmd = [sys.executable, __file__, "--child", "--model", args.model, "--rows", args.rows,
-         "--repeats", str(args.repeats)]
-  proc = subprocess.run(cmd, env={**os.environ, "XLA_FLAGS": flags}, capture_output=True,
-                        text=True)
-  if proc.returncode:
-    print(f"setting {name} ({flags!r}) failed:\n{proc.stderr[-3000:]}", flush=True)
-    return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "",
-            "rows": {}}
-  return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _agreement(got: dict, want: dict) -> dict:
@@ -207,33 +262,38 @@ def _agreement(got: dict, want: dict) -> dict:
           "max_logprob_diff": float(diff[tokens].max(initial=0.0))}
 
 
+def _table_row(name: str, rows: int, r: dict) -> list[str]:
+  calls = " / ".join(str(r["library_calls"][k]) for k in LIBRARY_CALLS)
+  tokens = f"{100 * r['greedy_tokens_equal']:.0f}%"
+  if "ms" not in r:
+    return [name, str(rows), f"same program as {r['same_program_as']}", "", "", "", "", "",
+            tokens, calls]
+  ms = r["ms"]
+  return [name, str(rows), f"{ms['step']:.1f}", f"{ms['chain_head']:.1f}", f"{ms['head']:.1f}",
+          f"{r['step_over_floor']:.2f}", f"{ms['attention']:.1f}", f"{ms['sampling']:.1f}",
+          tokens, calls]
+
+
 def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument("--model", default="smollm2_135m")
   parser.add_argument("--rows", default="16,64")
   parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--settle", type=float, default=0.5)
   parser.add_argument("--settings", default=",".join(SETTINGS))
   parser.add_argument("--smoke", action="store_true")
-  parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args()
-  if args.child:
-    print(json.dumps(child(args)))
-    return
   if args.smoke:
     args.rows, args.repeats, args.settings = "16", 3, "default,ynn_off"
-  names = args.settings.split(",")
-  if names[0] != "default":
-    names = ["default"] + [n for n in names if n != "default"]
+  names = ["default"] + [n for n in args.settings.split(",") if n != "default"]
   results = {}
-  for name in names:
-    results[name] = run_setting(name, args)
-    if "error" in results["default"]:
-      raise SystemExit("the default setting failed")
-    for rows, r in results[name]["rows"].items():
-      r.update(_agreement(r, results["default"]["rows"][rows]))
-      print(name, rows, {k: v for k, v in r.items() if k not in ("tokens", "logprobs")},
+  for rows in (int(r) for r in args.rows.split(",")):
+    results[rows] = measure(names, args.model, rows, args.repeats, args.settle)
+    for name, r in results[rows].items():
+      r.update(_agreement(r, results[rows]["default"]))
+      print(rows, name, {k: v for k, v in r.items() if k not in ("tokens", "logprobs")},
             flush=True)
-  for r in (r for s in results.values() for r in s["rows"].values()):
+  for r in (r for by_name in results.values() for r in by_name.values()):
     del r["tokens"], r["logprobs"]
 
   import jax
@@ -246,13 +306,9 @@ def main() -> None:
       "decode-floor",
       ["setting", "rows", "step ms", "chain + head ms", "head ms", "step / (chain + head)",
        "attention x30 ms", "sampling ms", "greedy tokens equal",
-       "YNNPACK / oneDNN / XNNPACK calls"],
-      [[name, rows, f"{r['ms']['step']:.1f}", f"{r['ms']['chain_head']:.1f}",
-        f"{r['ms']['head']:.1f}", f"{r['step_over_floor']:.2f}",
-        f"{r['ms']['attention']:.1f}", f"{r['ms']['sampling']:.1f}",
-        f"{100 * r['greedy_tokens_equal']:.0f}%",
-        " / ".join(str(r["library_calls"][k]) for k in LIBRARY_CALLS)]
-       for name, s in results.items() for rows, r in s["rows"].items()])
+       "YNNPACK / oneDNN / XNNPACK calls in the step"],
+      [_table_row(name, rows, r) for rows, by_name in results.items()
+       for name, r in by_name.items()])
 
 
 if __name__ == "__main__":
