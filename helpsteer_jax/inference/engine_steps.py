@@ -31,9 +31,11 @@ from flax import nnx
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.inference import sampling as sampling_lib
 from helpsteer_jax.models import attention as attention_lib
+from helpsteer_jax.models.live_attention import live_attention
 from helpsteer_jax.models.rope import rope_tables
 
 MIN_PROMPT_BUCKET = 16
+LIVE_BLOCK = 64  # slots per block of decode attention (`live_attention`)
 MIN_LENGTH_BUCKET = 128
 
 
@@ -325,7 +327,8 @@ def decode_step(rest, layers, ks, vs, end, row_start, last, positions, temperatu
         k_cache = jax.lax.dynamic_update_slice(ks[i][0][:n], k, at)
         v_cache = jax.lax.dynamic_update_slice(vs[i][0][:n], v, at)
         info = attention_lib.MaskInfo(ones, filled, end)
-        return attention_lib.cached_attention(q, k_cache, v_cache, info, **knobs)
+        return live_attention(q, k_cache, v_cache, info, jnp.min(row_start), block=LIVE_BLOCK,
+                              **knobs)
       outs = []
       for j in range(len(ks[i])):
         rows = slice(j * block, min(n, (j + 1) * block))
@@ -334,7 +337,10 @@ def decode_step(rest, layers, ks, vs, end, row_start, last, positions, temperatu
         if n < block:
           k_cache, v_cache = k_cache[:n], v_cache[:n]
         info = attention_lib.MaskInfo(ones[rows], filled[rows], end)
-        outs.append(attention_lib.cached_attention(q[rows], k_cache, v_cache, info, **knobs))
+        # Only the slots from the block's oldest live row on are read (a free row's
+        # start is past every slot).
+        outs.append(live_attention(q[rows], k_cache, v_cache, info, jnp.min(row_start[rows]),
+                                   block=LIVE_BLOCK, **knobs))
       if chunk is not None:
         # The chunk's C tokens sit on the batch axis, one each, as the rows' do:
         # [C, K, 1, D] -> [1, K, C, D].
