@@ -31,10 +31,10 @@ def tokenizer(tmp_path_factory):
   return hf.load_tokenizer(demo_tokenizer.build_demo_tokenizer(tmp_path_factory.mktemp("tok")))
 
 
-def _engine(tokenizer, family=None, **kw):
-  model = builder.create(catalog.model_config("tiny", **(family or {}), initializer_range=0.1),
-                         seed=0)
-  mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+def _engine(tokenizer, family=None, data=1, **kw):
+  cfg = catalog.model_config("tiny", **(family or {}), initializer_range=0.1)
+  mesh = sharding.make_mesh((data, 1, 1), jax.devices()[:data])
+  model = builder.materialize(lambda: builder.new_model(cfg, 0), mesh, sharding.DEFAULT_RULES)
   return generator.make_engine(model, mesh, tokenizer, max_length=96, stop_strings=(), **kw)
 
 
@@ -78,6 +78,19 @@ def test_a_crowd_with_chunked_newcomers_equals_each_request_alone(tokenizer, fam
     np.testing.assert_allclose(got.logprobs, alone.logprobs, atol=2e-5, err_msg=str(i))
     np.testing.assert_allclose(got.raw.chosen, alone.raw.chosen, atol=2e-5, err_msg=str(i))
   assert eng.compiled_variants == compiled
+
+
+def test_chunked_newcomers_on_a_batch_sharded_cache_equal_each_request_alone(tokenizer):
+  """Rows split over two batch shards (one block of every row, decoded whole): a chunk's
+  row lives on either shard."""
+  eng = _engine(tokenizer, data=2, max_batch=8, chunk_steps=4, prefill_chunk=8)
+  assert eng.batch_shards == 2 and eng.mixed_buckets == [8]
+  requests = [r for r in _requests(24) if len(r.prompt_ids) <= 32][:14]
+  crowd = eng.generate(requests)
+  assert eng.stats["prefill_chunks"] > 0
+  for i, (req, got) in enumerate(zip(requests, crowd)):
+    [alone] = eng.generate([req])
+    assert got.token_ids == alone.token_ids, i
 
 
 def test_prefill_chunk_settings_are_checked(tokenizer):
