@@ -14,11 +14,13 @@ One compile serves every span:
   sizes that holds the span (`window_sizes`: multiples of a step), slices
   that one window and runs the dense path on it: no loop, less than a step
   of slots read beyond the span.
+On XLA:CPU the loop is the faster of the two, and faster than the dense path
+(`benchmarks/decode_attention.py`, docs/results.md).
 
 Slots before `first` are never read. Both equal `cached_attention` wherever
 a query sees at least one slot and none before `first`: keys are kept by the
-same rule (`attention.dense_mask`: same non-zero segment,
-causal, within the sliding `window`), so a row's visible slots may be two
+same rule (`attention.dense_mask`: same non-zero segment, causal, within the
+sliding `window`), so a row's visible slots may be two
 ranges (a hole in `kv_segment_ids`). A query that sees no slot returns zeros
 (the dense path returns the mean of all slots' values there; both are
 finite, and both are meaningless). Queries [B, T, H, D], caches [B, K, S, D]
