@@ -63,6 +63,9 @@ class SlotCache:
       for other in self.lengths:
         self.resize(length, 0)
         self.resize(other, 0)
+        # One re-layout at a time: dispatched back to back, each would hold its input
+        # and output buffers at once (the largest slot counts set the server's peak).
+        jax.block_until_ready((self.k, self.v))
     self.reset()
 
   def reset(self) -> None:
