@@ -257,15 +257,17 @@ def stop(proc: subprocess.Popen) -> None:
 
 def restart_ours(model_dir: pathlib.Path, dtype: str, args, logs: pathlib.Path) -> dict:
   """Our server started again on the same workdir: its warm-up reads the programs the
-  first start wrote to the compilation cache."""
+  first start wrote to the compilation cache (the warm-up record and the peak resident
+  memory up to ready)."""
   log = logs / f"ours_{dtype}_restart.log"
   port = free_port()
   proc = start_ours(model_dir, dtype, port, args, log)
   try:
     wait_ready(proc, f"http://127.0.0.1:{port}/stats", log, args.start_timeout)
+    peak = proc_status(proc.pid)["VmHWM"]
   finally:
     stop(proc)
-  return warmup_record(log)
+  return {**warmup_record(log), "peak_rss_bytes": peak}
 
 
 def bench_server(server: str, model_dir: pathlib.Path, dtype: str, args,
