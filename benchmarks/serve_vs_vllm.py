@@ -70,12 +70,10 @@ import concurrent.futures
 import json
 import os
 import pathlib
-import re
 import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import common
@@ -83,12 +81,20 @@ import httpx
 import numpy as np
 import openai
 import stream_wave
+from serve_memory import (
+  GIB,
+  MEMORY_HEADER,
+  PeakSampler,
+  kv_cache_bytes,
+  memory_rows,
+  proc_status,
+  warmup_record,
+)
 
 TRAIN = common.REPO.parent / "shared" / "data" / "helpsteer2" / "train_first100.jsonl"
 TOPICS = ["rivers", "bread", "volcanoes", "chess", "owls", "glass", "tides", "maps",
           "bridges", "honey", "comets", "clocks", "coral reefs", "paper", "deserts", "violins"]
 MODEL_NAME = "bench"
-CHUNK_STEPS = 8  # configs/serve.py's serve.chunk_steps
 
 
 def prompts(n: int) -> list[str]:
@@ -138,102 +144,6 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
 HEADER = ["dtype", "concurrent", "ours tokens/s", "vLLM tokens/s", "ours / vLLM",
           "ours p50 / p99 (s)", "vLLM p50 / p99 (s)", "ours tokens/request",
           "vLLM tokens/request", "ours compiles during requests"]
-MEMORY_HEADER = ["dtype", "ours peak RSS (GiB)", "ours KV cache (GiB)", "vLLM peak RSS (GiB)",
-                 "vLLM KV cache (GiB)", "ours warm-up, first start (s / compiles)",
-                 "ours warm-up, restart (s / compiled, not read from the cache)"]
-GIB = 2**30
-WARMED_UP = re.compile(r"warmed up in ([0-9.]+)s \((\d+) compiles, (\d+) of them read")
-
-
-def memory_rows(rows: list[dict]) -> list[list[str]]:
-  """The memory table: one line per dtype, from each side's `memory` record."""
-  by_key = {(r["server"], r["dtype"]): r for r in rows}
-  out = []
-  for dtype in dict.fromkeys(r["dtype"] for r in rows):
-    ours, theirs = by_key.get(("ours", dtype)), by_key.get(("vllm", dtype))
-
-    def cell(r, key, fmt="{:.2f}"):
-      return fmt.format(r[key] / GIB) if r and r.get(key) is not None else "-"
-
-    def warm(start):
-      return (f"{start['warmup_s']:.1f} / {start['compiles'] - start.get('cache_hits', 0)}"
-              if start else "-")
-
-    out.append([dtype, cell(ours, "peak_rss_bytes"), cell(ours, "kv_cache_bytes"),
-                cell(theirs, "peak_rss_bytes"), cell(theirs, "kv_cache_bytes", "{:.0f}"),
-                warm(ours and ours.get("first_start")), warm(ours and ours.get("restart"))])
-  return out
-
-
-def kv_cache_bytes(model_dir: pathlib.Path, rows: int, max_length: int, dtype: str) -> int:
-  """Our engine's keys and values at their largest slot count: rows x slots x layers x
-  kv_heads x head_dim x 2, in the compute dtype."""
-  from helpsteer_jax.inference import engine_steps
-  cfg = json.loads((model_dir / "config.json").read_text())
-  head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-  kv_heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
-  slots = max(engine_steps.length_buckets(max_length, CHUNK_STEPS))
-  itemsize = 2 if dtype == "bfloat16" else 4
-  return 2 * rows * slots * cfg["num_hidden_layers"] * kv_heads * head_dim * itemsize
-
-
-def proc_status(pid: int) -> dict[str, int]:
-  """VmRSS / VmHWM of `pid` in bytes (Linux)."""
-  out = {}
-  for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
-    key, _, value = line.partition(":")
-    if key in ("VmRSS", "VmHWM"):
-      out[key] = int(value.split()[0]) * 1024
-  return out
-
-
-def tree_pss(pid: int) -> int:
-  """Proportional set size of `pid` and its descendants in bytes (shared pages counted
-  once over the tree; 0 for processes gone meanwhile)."""
-  total, todo = 0, [pid]
-  while todo:
-    p = todo.pop()
-    try:
-      for line in pathlib.Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
-        if line.startswith("Pss:"):
-          total += int(line.split()[1]) * 1024
-      for task in pathlib.Path(f"/proc/{p}/task").iterdir():
-        todo += [int(c) for c in (task / "children").read_text().split()]
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-      continue
-  return total
-
-
-class PeakSampler:
-  """The largest `tree_pss` of a process tree, sampled every `every` seconds."""
-
-  def __init__(self, pid: int, every: float = 0.5):
-    self.pid, self.every, self.peak = pid, every, 0
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._run, daemon=True)
-    self._thread.start()
-
-  def _run(self) -> None:
-    while not self._stop.is_set():
-      self.peak = max(self.peak, tree_pss(self.pid))
-      self._stop.wait(self.every)
-
-  def stop(self) -> int:
-    self._stop.set()
-    self._thread.join()
-    return self.peak
-
-
-def warmup_record(log: pathlib.Path) -> dict | None:
-  """Our server's warm-up line: seconds, programs compiled, and how many of them came
-  from the compilation cache."""
-  found = WARMED_UP.search(log.read_text(errors="replace"))
-  if found is None:
-    return None
-  return {"warmup_s": float(found[1]), "compiles": int(found[2]),
-          "cache_hits": int(found[3])}
-
-
 def free_port() -> int:
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
@@ -353,15 +263,17 @@ def stop(proc: subprocess.Popen) -> None:
 
 def restart_ours(model_dir: pathlib.Path, dtype: str, args, logs: pathlib.Path) -> dict:
   """Our server started again on the same workdir: its warm-up reads the programs the
-  first start wrote to the compilation cache."""
+  first start wrote to the compilation cache (the warm-up record and the peak resident
+  memory up to ready)."""
   log = logs / f"ours_{dtype}_restart.log"
   port = free_port()
   proc = start_ours(model_dir, dtype, port, args, log)
   try:
     wait_ready(proc, f"http://127.0.0.1:{port}/stats", log, args.start_timeout)
+    peak = proc_status(proc.pid)["VmHWM"]
   finally:
     stop(proc)
-  return warmup_record(log)
+  return {**warmup_record(log), "peak_rss_bytes": peak}
 
 
 def bench_server(server: str, model_dir: pathlib.Path, dtype: str, args,

@@ -60,7 +60,6 @@ def trim() -> bool:
   return bool(fn(0)) if fn is not None else False
 
 
-_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _trimming = False
 
 
@@ -72,8 +71,10 @@ def trim_after_compiles() -> None:
     return
   import jax
 
+  from helpsteer_jax.compile_cache import COMPILE_EVENT
+
   def on_compile(event: str, duration: float, **kwargs: Any) -> None:
-    if event == _COMPILE_EVENT:
+    if event == COMPILE_EVENT:
       trim()
 
   jax.monitoring.register_event_duration_secs_listener(on_compile)

@@ -1,4 +1,4 @@
-"""The vLLM comparison script's figures and table (the servers themselves are not run: CI has
+"""The vLLM comparison script's figures and tables (the servers themselves are not run: CI has
 no vLLM)."""
 
 import importlib.util
@@ -20,6 +20,12 @@ def bench():
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
+
+
+@pytest.fixture(scope="module")
+def memory(bench):
+  import serve_memory  # benchmarks/, on the path since `bench`
+  return serve_memory
 
 
 def test_prompts_differ(bench):
@@ -62,48 +68,48 @@ def _memory(server, dtype, peak_gib, kv_gib, **extra):
           "kv_cache_bytes": kv_gib * 2**30, **extra}
 
 
-def test_memory_table_pairs_the_servers_per_dtype(bench):
+def test_memory_table_pairs_the_servers_per_dtype(memory):
   rows = [_memory("ours", "float32", 2.5, 0.75,
                   first_start={"warmup_s": 80.0, "compiles": 94, "cache_hits": 0},
                   restart={"warmup_s": 12.5, "compiles": 94, "cache_hits": 90}),
           _memory("vllm", "float32", 5.75, 4),
           _memory("vllm", "bfloat16", 5.0, 4)]
-  table = bench.memory_rows(rows)
-  assert all(len(r) == len(bench.MEMORY_HEADER) for r in table)
+  table = memory.memory_rows(rows)
+  assert all(len(r) == len(memory.MEMORY_HEADER) for r in table)
   assert table[0] == ["float32", "2.50", "0.75", "5.75", "4", "80.0 / 94", "12.5 / 4"]
   assert table[1] == ["bfloat16", "-", "-", "5.00", "4", "-", "-"]
 
 
-def test_kv_cache_bytes_from_the_exports_shapes(bench, tmp_path):
+def test_kv_cache_bytes_from_the_exports_shapes(memory, tmp_path):
   # SmolLM2-135M's shapes: 30 layers, 3 of 9 heads for keys and values, 64 per head.
   (tmp_path / "config.json").write_text(json.dumps({
       "num_hidden_layers": 30, "hidden_size": 576, "num_attention_heads": 9,
       "num_key_value_heads": 3}))
   slots = 1024 + 8  # the largest slot count: max_length plus one chunk of serve.chunk_steps
-  assert bench.kv_cache_bytes(tmp_path, 16, 1024, "float32") == 2 * 16 * slots * 30 * 3 * 64 * 4
-  assert bench.kv_cache_bytes(tmp_path, 64, 1024, "bfloat16") == 2 * 64 * slots * 30 * 3 * 64 * 2
+  assert memory.kv_cache_bytes(tmp_path, 16, 1024, "float32") == 2 * 16 * slots * 30 * 3 * 64 * 4
+  assert memory.kv_cache_bytes(tmp_path, 64, 1024, "bfloat16") == 2 * 64 * slots * 30 * 3 * 64 * 2
 
 
-def test_warmup_record_reads_the_servers_line(bench, tmp_path):
+def test_warmup_record_reads_the_servers_line(memory, tmp_path):
   log = tmp_path / "ours.log"
   log.write_text("I1206 loading\nserve: bench warmed up in 12.3s (94 compiles, 90 of them read"
                  " from the compilation cache; 3.1s trace + 4.2s lower + 0.9s compile); API"
                  " http://127.0.0.1:1/v1, playground ...\n")
-  assert bench.warmup_record(log) == {"warmup_s": 12.3, "compiles": 94, "cache_hits": 90}
+  assert memory.warmup_record(log) == {"warmup_s": 12.3, "compiles": 94, "cache_hits": 90}
   log.write_text("the server died\n")
-  assert bench.warmup_record(log) is None
+  assert memory.warmup_record(log) is None
 
 
-def test_tree_pss_counts_a_childs_memory(bench):
-  mine = bench.tree_pss(os.getpid())
-  assert mine > 0 and bench.proc_status(os.getpid())["VmHWM"] >= bench.proc_status(
+def test_tree_pss_counts_a_childs_memory(memory):
+  mine = memory.tree_pss(os.getpid())
+  assert mine > 0 and memory.proc_status(os.getpid())["VmHWM"] >= memory.proc_status(
       os.getpid())["VmRSS"] > 0
   child = subprocess.Popen([sys.executable, "-c", "import sys, time; b = bytearray(300 << 20);"
                             " print('ready', flush=True); time.sleep(60)"],
                            stdout=subprocess.PIPE, text=True)
   try:
     assert child.stdout.readline().strip() == "ready"
-    assert bench.tree_pss(os.getpid()) - mine > 250 << 20
+    assert memory.tree_pss(os.getpid()) - mine > 250 << 20
   finally:
     child.kill()
     child.wait()
