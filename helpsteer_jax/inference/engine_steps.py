@@ -375,15 +375,13 @@ def write_slot(ks, vs, new_ks, new_vs, end):
           [[jax.lax.dynamic_update_slice(v[0], n, at)] for v, n in zip(vs, new_vs)])
 
 
-def relayout(ks, vs, shift, *, length: int):
-  """Moves every row's slots right by `shift` (negative: left) and gives the buffers
-  `length` slots; slots moved past either end are free ones."""
-  def one(x):
-    have = x.shape[2]
-    if length > have:  # grow first, so that nothing live wraps around
-      x = jnp.pad(x, ((0, 0), (0, 0), (0, length - have), (0, 0)))
-    return jnp.roll(x, shift, axis=2)[:, :, :length]
-  return jax.tree.map(one, ks), jax.tree.map(one, vs)
+def relayout(x, shift, *, length: int):
+  """Moves every row's slots of one buffer [rows, K, S, D] right by `shift` (negative:
+  left) and gives it `length` slots; slots moved past either end are free ones."""
+  have = x.shape[2]
+  if length > have:  # grow first, so that nothing live wraps around
+    x = jnp.pad(x, ((0, 0), (0, 0), (0, length - have), (0, 0)))
+  return jnp.roll(x, shift, axis=2)[:, :, :length]
 
 
 def cache_sharding(mesh, rules) -> jax.sharding.NamedSharding:

@@ -41,13 +41,17 @@ class SlotCache:
     # Partials, so that each cache's compiles are its own (jit caches per function object).
     self._insert = jax.jit(functools.partial(engine_steps.insert), donate_argnums=(0, 1),
                            out_shardings=out)
-    # Not donated: a resize cannot reuse its input buffers, and re-layouts are rare.
+    # One buffer per call, so that a re-layout holds one buffer twice, not the whole cache
+    # (a resize cannot reuse its input buffer; a shift at the same slot count does).
     self._relayout = jax.jit(functools.partial(engine_steps.relayout), static_argnames="length",
-                             out_shardings=out)
+                             out_shardings=self.sharding)
+    self._shift = jax.jit(functools.partial(engine_steps.relayout), static_argnames="length",
+                          out_shardings=self.sharding, donate_argnums=0)
 
   @property
   def compiled_variants(self) -> int:
-    return self._insert._cache_size() + self._relayout._cache_size()
+    return (self._insert._cache_size() + self._relayout._cache_size()
+            + self._shift._cache_size())
 
   def warm_up(self, prompt_buckets, prefilled) -> None:
     """Compiles every re-layout between slot counts and, with `prefilled(t)` giving a
@@ -78,8 +82,13 @@ class SlotCache:
 
   def resize(self, length: int, shift: int) -> None:
     """Moves every row's slots by `shift` and gives the buffers `length` slots."""
+    move = self._shift if length == self.length else self._relayout
     with jax.set_mesh(self.mesh):
-      self.k, self.v = self._relayout(self.k, self.v, np.int32(shift), length=length)
+      for buffers in (self.k, self.v):
+        for blocks in buffers:
+          for j, x in enumerate(blocks):
+            blocks[j] = move(x, np.int32(shift), length=length)
+            del x  # the old buffer goes as soon as its re-layout has run
     self.length = length
 
   def occupied(self, busy: np.ndarray) -> int:
