@@ -189,10 +189,11 @@ class EngineCore:
     for length in self.cache.lengths:
       self.cache.resize(length, 0)
       for n in self.row_buckets:
-        self._run_decode(n)
+        # One step each: a step compiles what a chunk of them runs.
+        self._run_decode(n, steps=1)
         if n in self.mixed_buckets:
-          self._run_decode(n, self.plan.chunks([self.pad_id], 0, 1, self.prefill_chunk,
-                                                       self.pad_id))
+          dummy = self.plan.chunks([self.pad_id], 0, 1, self.prefill_chunk, self.pad_id)
+          self._run_decode(n, dummy, steps=1)
     self.cache.reset()
 
   def check(self, prompt_len: int, max_tokens: int) -> None:
@@ -259,17 +260,23 @@ class EngineCore:
                          np.uint32(seed))
 
   def _admit(self, newcomers: list[Handle], free: list[int]) -> None:
-    """Takes the newcomers into the free rows. While rows decode, a prompt that fits one
-    round's chunks waits in its row for `_step` to prefill it within the decode steps;
-    otherwise it is prefilled alone now, and requests with the same prompt (the n samples
-    of one prompt) share one prefill."""
-    chunked = bool(self.prefill_chunk) and self._decoding().any()
+    """Takes the newcomers into the free rows. While rows decode and no more prompts would
+    wait for chunks than rows decode, a prompt that fits one round's chunks waits in its
+    row for `_step` to prefill it within the decode steps; otherwise it is prefilled alone
+    now, and requests with the same prompt (the n samples of one prompt) share one
+    prefill."""
+    # Chunks spare the decoding rows a stall but make the waiting prompts wait: they are
+    # used while no more prompts wait for them than rows decode (a burst onto few running
+    # rows is prefilled at once).
+    decoding = int(self._decoding().sum()) if self.prefill_chunk else 0
+    waiting = sum(r is not None and r.pending for r in self.rows)
+    burst = waiting + len(newcomers) > decoding
     whole = []
     for handle, i in zip(newcomers, free):
       if handle.cancelled:
         self.stats["cancelled"] += 1
         continue
-      if chunked and self.plan.count(len(handle.request.prompt_ids)) is not None:
+      if not burst and self.plan.count(len(handle.request.prompt_ids)) is not None:
         self._take(handle, i, pending=True)
       else:
         whole.append((handle, i))
@@ -333,11 +340,11 @@ class EngineCore:
       self.stats["prefill_chunks"] += len(chunks)
     return steps, joins
 
-  def _run_decode(self, n: int, chunks: dict[int, engine_steps.PrefillChunk] | None = None
-                  ) -> tuple[np.ndarray, np.ndarray, TokenLogprobs]:
-    """A chunk of decode steps for rows [0, n), with `chunks[i]` riding on step i:
-    tokens and their log-probabilities, [n, chunk_steps] each, and their raw
-    log-probabilities ([n, chunk_steps, ...])."""
+  def _run_decode(self, n: int, chunks: dict[int, engine_steps.PrefillChunk] | None = None,
+                  steps: int | None = None) -> tuple[np.ndarray, np.ndarray, TokenLogprobs]:
+    """A chunk of decode steps (`steps`, by default `chunk_steps`) for rows [0, n), with
+    `chunks[i]` riding on step i: tokens and their log-probabilities, [n, steps] each,
+    and their raw log-probabilities ([n, steps, ...])."""
     chunks = chunks or {}
     last = jax.device_put(self.last[:n], self._replicated)
     row_start, temperature, top_p, top_k, seeds = (a[:n] for a in (
@@ -345,7 +352,7 @@ class EngineCore:
     ks, vs = self.cache.blocks(n)
     tokens, logprobs, raws = [], [], []
     with jax.set_mesh(self.mesh):
-      for i in range(self.chunk_steps):
+      for i in range(steps or self.chunk_steps):
         end = np.int32(self.cache.end + i)
         # A pending row's position and counter run negative before its first token.
         args = (row_start, last, np.maximum(self.positions[:n] + i, 0), temperature, top_p,

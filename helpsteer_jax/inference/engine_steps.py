@@ -327,8 +327,7 @@ def decode_step(rest, layers, ks, vs, end, row_start, last, positions, temperatu
         k_cache = jax.lax.dynamic_update_slice(ks[i][0][:n], k, at)
         v_cache = jax.lax.dynamic_update_slice(vs[i][0][:n], v, at)
         info = attention_lib.MaskInfo(ones, filled, end)
-        return live_attention(q, k_cache, v_cache, info, jnp.min(row_start), block=LIVE_BLOCK,
-                              **knobs)
+        return attention_lib.cached_attention(q, k_cache, v_cache, info, **knobs)
       outs = []
       for j in range(len(ks[i])):
         rows = slice(j * block, min(n, (j + 1) * block))
@@ -337,6 +336,9 @@ def decode_step(rest, layers, ks, vs, end, row_start, last, positions, temperatu
         if n < block:
           k_cache, v_cache = k_cache[:n], v_cache[:n]
         info = attention_lib.MaskInfo(ones[rows], filled[rows], end)
+        if n < block:  # one row: the loop's overhead costs more than the slots it skips
+          outs.append(attention_lib.cached_attention(q[rows], k_cache, v_cache, info, **knobs))
+          continue
         # Only the slots from the block's oldest live row on are read (a free row's
         # start is past every slot).
         outs.append(live_attention(q[rows], k_cache, v_cache, info, jnp.min(row_start[rows]),
