@@ -15,8 +15,13 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Name a colour
         "max_tokens": 8, "temperature": 0}
 
 
+# Short rows and scorer inputs: fewer buckets to warm up twice, the same mechanism.
+SHORT = ("--config.serve.max_length=128", "--config.serve.max_tokens=64",
+         "--config.scorer.max_len=64")
+
+
 def _start(models, root) -> tuple[dict, str, str]:
-  server = Server(models, root)
+  server = Server(models, root, *SHORT)
   try:
     stats = server.stats()
     reply = server.post("chat/completions", CHAT)
