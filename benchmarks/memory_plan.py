@@ -54,6 +54,8 @@ class Recipe:
   overrides: tuple = ()  # (config key, value) pairs
 
 
+# The rl presets' RLOO with GRPO's loss (the same resident set: a reference, the engine).
+GRPO = (("algorithm", "grpo"), ("loss.beta", 3e-3))
 LORA = dict(rank=16, alpha=32.0, targets="all", base_dtype="bfloat16")
 # Slices searched downwards for the smallest that fits, per TPU generation.
 LADDERS = {"v5p": ("v5p-256", "v5p-128", "v5p-64", "v5p-32", "v5p-16", "v5p-8"),
@@ -69,8 +71,9 @@ RECIPES = (
     Recipe("llama3_70b 2D-DPO", "dpo2d", "llama3_70b", 64, "pair"),
     Recipe("llama3_70b AC-SFT LoRA", "acsft", "llama3_70b", 128, lora=True),
     Recipe("llama3_70b 2D-DPO LoRA", "dpo2d", "llama3_70b", 64, "pair", lora=True),
-    Recipe("llama3_70b RL (GRPO)", "rl", "llama3_70b", 128, "completion"),
-    Recipe("llama3_70b RL (GRPO) LoRA", "rl", "llama3_70b", 128, "completion", lora=True),
+    Recipe("llama3_70b RL (GRPO)", "rl", "llama3_70b", 128, "completion", overrides=GRPO),
+    Recipe("llama3_70b RL (GRPO) LoRA", "rl", "llama3_70b", 128, "completion", lora=True,
+           overrides=GRPO),
     Recipe("llama3_70b RL (PPO)", "rl", "llama3_70b", 128, "completion",
            overrides=(("algorithm", "ppo"),)),
 )

@@ -344,6 +344,19 @@ def broadcast_from_primary(value: Any) -> Any:
 _broadcasts = 0
 
 
+def barrier(name: str, timeout: float = 600) -> None:
+  """Waits until every process got here (the coordination service's barrier: no device
+  collective, so it also holds before any program runs)."""
+  if jax.process_count() == 1:
+    return
+  global _barriers
+  _barriers += 1
+  _client().wait_at_barrier(f"{_KEY}/barrier/{name}/{_barriers}", int(timeout * 1000))
+
+
+_barriers = 0
+
+
 def quiet_non_primary() -> None:
   """Only process 0 logs at INFO: one progress bar, one set of messages."""
   if not processes.is_primary():

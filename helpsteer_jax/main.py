@@ -7,7 +7,9 @@ python -m helpsteer_jax.main --config=configs/<task>.py[:preset] ...  (the same)
 from __future__ import annotations
 
 import os
+import pathlib
 import sys
+from types import ModuleType
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -138,6 +140,24 @@ class _QuietLibraries:
     return not any(f"/{p.replace('.', '/')}/" in path for p in self.PREFIXES)
 
 
+def _run_checks(config, task: ModuleType) -> tuple[str, list[str]]:
+  """The workdir (`--workdir`, else the config's, else the task's default) and the
+  config's warnings; ConfigError for a given key the run will not read
+  (`config_reads`). Reads the config alone: the same on every process."""
+  from helpsteer_jax import config_reads, tasks
+  spec = _config_spec(sys.argv) or ""
+  path, preset = task_configs.split_spec(task_configs.resolve(spec))
+  from_file = pathlib.Path(path).is_file()
+  workdir = _WORKDIR.value or config.get("workdir") or (
+      task_configs.default_workdir(path, preset, config) if from_file
+      else f"{task_configs.DEFAULT_WORKDIR}/{config.task}")
+  if not from_file:
+    return workdir, []
+  overrides = config_flags.get_override_values(flags.FLAGS["config"])
+  given = task_configs.given_keys(path, preset, overrides)
+  return workdir, config_reads.check(config, given, tasks.config_reads(task))
+
+
 def main(argv: list[str]) -> None:
   logging.get_absl_handler().addFilter(_QuietLibraries())
   if len(argv) > 1:
@@ -146,26 +166,38 @@ def main(argv: list[str]) -> None:
   config = _CONFIG.value
   if config is None:
     _fail("--config=<task>[:preset] is required (--help lists the tasks)")
+  recorded = None
   try:
     task = tasks.get_task(config.task)
-    workdir = _WORKDIR.value or config.get("workdir") or f"workdir/{config.task}"
+    workdir, warnings = _run_checks(config, task)
     if config.get("compile_only"):
+      for line in warnings:
+        logging.warning("%s", line)
       from helpsteer_jax import aot
       aot.run(config, workdir)
       return
     from helpsteer_jax import distributed
     distributed.initialize(config.get("distributed"))
     distributed.quiet_non_primary()
+    for line in warnings:
+      logging.warning("%s", line)
     logging.info("task=%s workdir=%s", config.task, workdir)
+    if getattr(task, "RESUMES", False):
+      from helpsteer_jax import run_fingerprint
+      recorded = run_fingerprint.check_or_record(config, workdir)
     from helpsteer_jax import compile_cache
     compile_cache.configure(config, workdir)
     task.run(config, workdir)
     distributed.finish()
   except DataError as e:
+    if recorded is not None:
+      recorded.undo_unused()
     can_skip = "on_bad_record" in config.get("data", {})
     _fail(f"{e}\n(fix the record, or run with --config.data.on_bad_record=skip to skip"
           " bad records and have them counted and reported at the end)" if can_skip else str(e))
   except HelpsteerError as e:
+    if recorded is not None:
+      recorded.undo_unused()
     _fail(str(e))
   except Exception:  # noqa: BLE001 - see distributed.exit_after_error
     jax = sys.modules.get("jax")

@@ -31,10 +31,11 @@ def on_primary(decide: Callable[[], T]) -> T:
     try:
       outcome = {"value": decide()}
     except ConfigError as e:
-      distributed.broadcast_from_primary({"error": str(e)})
-      raise
+      outcome = {"error": str(e)}
   outcome = distributed.broadcast_from_primary(outcome)
   if "error" in outcome:
+    # Process 0 hosts the coordination service: none leaves before all have the error.
+    distributed.barrier("on_primary_error")
     raise ConfigError(outcome["error"])
   return outcome["value"]
 

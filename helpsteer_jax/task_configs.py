@@ -8,10 +8,12 @@ file has `get_config(preset)` and `PRESETS`, its presets with the default first.
 from __future__ import annotations
 
 import pathlib
+import re
 import runpy
 import textwrap
-from typing import Any
+from typing import Any, Iterable
 
+from helpsteer_jax import config_reads
 from helpsteer_jax.errors import ConfigError
 
 PACKAGED = pathlib.Path(__file__).resolve().with_name("configs")
@@ -37,6 +39,40 @@ def resolve(spec: str) -> str:
 
 def load(path: str | pathlib.Path) -> dict[str, Any]:
   return runpy.run_path(str(path))
+
+
+def _config(module: dict[str, Any], preset: str) -> Any:
+  return module["get_config"](preset) if preset else module["get_config"]()
+
+
+def _value(config: Any, key: str) -> Any:
+  for part in key.split("."):
+    config = config[part]
+  return config
+
+
+def default_workdir(path: str, preset: str, config: Any) -> str:
+  """`<DEFAULT_WORKDIR>/<task>`, then `_<preset>` unless it is the default, then the
+  value of each of the task file's `RUN_KEYS` that differs from the preset's own (rl's
+  `algorithm`): runs of different recipes never share a default workdir."""
+  module = load(path)
+  presets = tuple(module.get("PRESETS", ()))
+  parts = [str(config.task)]
+  if preset and presets and preset != presets[0]:
+    parts.append(preset)
+  run_keys = tuple(module.get("RUN_KEYS", ()))
+  if run_keys:
+    own = _config(module, preset)
+    parts += [str(_value(config, k)) for k in run_keys if _value(config, k) != _value(own, k)]
+  return f"{DEFAULT_WORKDIR}/" + "_".join(re.sub(r"[^A-Za-z0-9._-]+", "-", p) for p in parts)
+
+
+def given_keys(path: str, preset: str, overrides: Iterable[str]) -> dict[str, str]:
+  """The keys a run was given (`config_reads.given_keys`): the command line's
+  `overrides` and what `preset` sets apart from the task file's defaults."""
+  module = load(path)
+  return config_reads.given_keys(_config(module, preset), _config(module, "") if preset
+                                 else None, overrides, preset)
 
 
 def check_preset(spec: str) -> None:
@@ -111,8 +147,10 @@ def help_text(program: str) -> str:
       "TASK is one of the tasks below or the path of a config file (configs/acsft.py);",
       "PRESET one of its presets (the first is the default). --config.KEY=VALUE overrides",
       "any field of the config; --helpfull lists every flag. A task writes its outputs to",
-      f"--workdir, by default ./{DEFAULT_WORKDIR}/TASK; \"after:\" names the tasks whose default",
-      "outputs a task's defaults read (run those first, or point the task elsewhere).",
+      f"--workdir, by default ./{DEFAULT_WORKDIR}/TASK, with _PRESET for a preset and _ALGORITHM",
+      f"for another RL algorithm (./{DEFAULT_WORKDIR}/rl_dapo); rerunning a command resumes its",
+      "run there, and a run with other settings is refused. \"after:\" names the tasks whose",
+      "default outputs a task's defaults read (run those first, or point the task elsewhere).",
       "",
       "tasks:",
   ]

@@ -22,6 +22,7 @@ from helpsteer_jax.config_sections import init_config, optimizer_config, train_c
 
 PRESETS = ("demo", "llama3_70b_helpsteer2", "llama2_13b_helpsteer", "llama3_1_70b_scaled_bt",
            "demo_scaled_bt")
+RUN_KEYS = ("loss",)  # default workdir suffix: workdir/attribute_model_scaled_bt
 RENAMED = {**config_base.MODEL_RENAMED, "score.batch_size": "eval_batch_size",
            "score": "removed: the final evaluation scores train.seq_len-token inputs in"
                     " batches of eval_batch_size"}

@@ -24,6 +24,7 @@ from helpsteer_jax.config_sections import (
 )
 
 PRESETS = ("demo", "qwen2_7b", "llama3_8b", "llama3_70b")
+RUN_KEYS = ("loss.loss_type",)  # default workdir suffix: workdir/dpo2d_ipo
 RENAMED = config_base.MODEL_RENAMED
 
 def _base():

@@ -35,6 +35,7 @@ from helpsteer_jax.config_sections import (
 )
 
 PRESETS = ("demo", "llama3_70b")
+RUN_KEYS = ("loss.loss_type",)  # default workdir suffix: workdir/iterative_dpo_dpo
 RENAMED = config_base.MODEL_RENAMED
 
 

@@ -26,9 +26,9 @@ the batch in optimizer steps of `train.global_batch` completions.
 `train.num_steps` counts iterations.
 
 Presets: the default (the demo AC-SFT run's tiny policy, demo prompts),
-`smollm2_135m`, `llama3_8b`, `llama3_70b` (HelpSteer2's PPO settings: lr 1e-7,
-KL 3e-3, the 0.65/0.8/0.45 reward); `genrm` (a GenRM trained by GRPO on HelpSteer3
-with the verifier reward: the demo, docs/tasks/genrm.md) and `genrm_llama3_70b`;
+`smollm2_135m` (GRPO), `llama3_8b`, `llama3_70b` (RLOO with HelpSteer2's PPO settings:
+lr 1e-7, KL 3e-3 in the reward, the 0.65/0.8/0.45 reward); `genrm` (a GenRM trained by
+GRPO on HelpSteer3 with the verifier reward: the demo, docs/tasks/genrm.md) and `genrm_llama3_70b`;
 `principle` (RLBFF's principle judge trained by GRPO on HelpSteer3's principle rows,
 `prompts.train_path` their directory: see docs/tasks/principle_rm.md).
 """
@@ -50,6 +50,7 @@ from helpsteer_jax.config_sections import (
 
 PRESETS = ("demo", "smollm2_135m", "llama3_8b", "llama3_70b", "genrm", "genrm_llama3_70b",
            "principle")
+RUN_KEYS = ("algorithm",)  # default workdir suffix: workdir/rl_dapo
 GENRM_DEMO_DATA = "workdir/genrm_demo"  # python -m helpsteer_jax.runs.genrm_prompts writes it
 GENRM_DEMO_POLICY = "workdir/acsft_genrm"  # the AC-SFT run on its answer-format rows (65 steps)
 RENAMED = config_base.MODEL_RENAMED
@@ -191,7 +192,10 @@ def _principle(config):
   return config
 
 
-def _big(config, preset, *, lr, kl, tensor=1):
+def _big(config, preset, *, lr, algorithm, kl=None, tensor=1):
+  """A published model's recipe; `kl` the KL coefficient of `algorithm`'s own key (rloo,
+  ppo: loss.kl_coef in the reward; grpo: loss.beta), unset = the algorithm's default."""
+  config.algorithm = algorithm
   config.model = config_base.model_section(preset, dtype="bfloat16", param_dtype="float32",
                                           remat_policy="full")
   config.train = train_config(num_steps=200, global_batch=128, micro_batch=16, seq_len=2048,
@@ -201,7 +205,8 @@ def _big(config, preset, *, lr, kl, tensor=1):
                                       weight_decay=0.0, grad_clip=1.0)
   config.rollout.update(prompts_per_iteration=32, samples_per_prompt=4, max_new_tokens=1024,
                         max_batch=128)
-  config.loss.kl_coef = kl
+  if kl is not None:
+    config.loss["kl_coef" if algorithm in ("rloo", "ppo") else "beta"] = kl
   config.reward.normalize = "fixed"
   config.mesh = config_base.mesh_config(data=1, fsdp=-1, tensor=tensor)
   scorer_on_mesh(config, preset)
@@ -254,15 +259,15 @@ def get_config(preset: str = ""):
   if preset in ("", "demo"):
     return _demo(config)
   if preset == "smollm2_135m":
-    return _big(config, "smollm2_135m", lr=1e-6, kl=0.05)
+    return _big(config, "smollm2_135m", lr=1e-6, algorithm="grpo")
   if preset == "principle":
     return _principle(_demo(config))
   if preset == "llama3_8b":
-    return _big(config, preset, lr=1e-7, kl=3e-3)
+    return _big(config, preset, lr=1e-7, algorithm="rloo", kl=3e-3)
   if preset == "llama3_70b":
-    return _big(config, preset, lr=1e-7, kl=3e-3, tensor=8)
+    return _big(config, preset, lr=1e-7, algorithm="rloo", kl=3e-3, tensor=8)
   if preset == "genrm":
     return _genrm(_demo(config), big=False)
   if preset == "genrm_llama3_70b":
-    return _genrm(_big(config, "llama3_70b", lr=1e-7, kl=3e-3, tensor=8), big=True)
+    return _genrm(_big(config, "llama3_70b", lr=1e-7, algorithm="grpo", tensor=8), big=True)
   raise config_base.unknown_preset("rl", preset, PRESETS)

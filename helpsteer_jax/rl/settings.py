@@ -9,6 +9,7 @@ import pathlib
 
 import ml_collections
 
+from helpsteer_jax.config_reads import NoEffect, Reads, Rule, any_given
 from helpsteer_jax.data.records import STEERABLE
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.losses import sampler_correction
@@ -202,3 +203,92 @@ def read(config: ml_collections.ConfigDict) -> RLSettings:
       sampler_correction=correction, sampler_correction_cap=cap, rollout_dtype=rollout_dtype,
       track_kl=bool(lc.get("track_kl", False)), max_staleness=staleness,
       multi_turn=multi_turn, multi_turn_reward=turn_reward)
+
+
+def _algorithm_problems(names: tuple[str, ...], field: str):
+  """The problems the algorithms `names` find with `loss.<field>`'s value."""
+  def problems(config) -> list[str]:
+    out = []
+    for name in names:
+      try:
+        algorithm = REGISTRY[name].from_config(config.loss)
+      except (TypeError, ValueError) as e:
+        out.append(f"loss.{field}={config.loss[field]!r}: {e}")
+        continue
+      out.extend(p for p in algorithm.problems() if p.startswith(f"loss.{field}="))
+    return out
+  return problems
+
+
+def _clip_no_effect(config, given) -> str | None:
+  """The clip range does nothing when every rollout batch is one optimizer step on the
+  policy that sampled it: the ratio is then exactly 1 (`recomputes_old_logp`)."""
+  kind = REGISTRY.get(config.algorithm)
+  if kind is None or not (any_given(given, "loss.eps_low", "loss.eps_high")
+                          or kind.default_clip != Algorithm.default_clip):
+    return None
+  try:
+    s = read(config)
+  except ConfigError:
+    return None  # the run itself names the problem
+  if s.updates > 1 or s.max_staleness:
+    return None
+  return (f"loss.eps_low / loss.eps_high ({s.algorithm.name}'s clip range {s.eps_low:g} /"
+          f" {s.eps_high:g}) have no effect: each iteration is one optimizer step on the"
+          f" policy that sampled (loss.epochs={s.epochs}, train.global_batch="
+          f"{config.train.global_batch} of {s.rows} completions), so the ratio is 1; set"
+          " loss.epochs > 1 or a smaller train.global_batch for the clip to act")
+
+
+def _track_kl_no_effect(config, given) -> str | None:
+  kind = REGISTRY.get(config.algorithm)
+  if kind is None or not (any_given(given, "loss.track_kl") and config.loss.track_kl):
+    return None
+  try:
+    uses = read(config).algorithm.uses_reference
+  except ConfigError:
+    return None
+  return (f"loss.track_kl has no effect: algorithm={kind.name} computes the reference's"
+          " log-probs for its own KL term already") if uses else None
+
+
+def config_reads() -> list[Rule]:
+  """The RL keys only some runs read (`config_reads`): each algorithm's own `loss.*`
+  fields, found in the registry (a field every algorithm has is read by all), the
+  teacher, the off-policy rollout devices, the fixed normalisation's moments, the judge
+  prompt formats' options; and the settings that can have no effect."""
+  readers: dict[str, list[str]] = {}
+  for name in REGISTRY:
+    for field in dataclasses.fields(REGISTRY[name]):
+      readers.setdefault(field.name, []).append(name)
+  rules: list[Rule] = []
+  for field, names in readers.items():
+    if len(names) < len(REGISTRY):
+      chosen = tuple(names)
+      rules.append(Reads((f"loss.{field}",), "algorithm", " or ".join(chosen),
+                         lambda c, chosen=chosen: c.algorithm in chosen,
+                         _algorithm_problems(chosen, field)))
+  teacher = tuple(n for n in REGISTRY if REGISTRY[n].needs_teacher)
+  genrm = lambda c: c.prompts.format == "genrm"  # noqa: E731
+  rules += [
+      Reads(("teacher",), "algorithm", " or ".join(teacher),
+            lambda c: c.algorithm in teacher),
+      Reads(("rollout.devices", "rollout.mesh"), "rollout.max_staleness", "1",
+            lambda c: int(c.rollout.max_staleness) == 1),
+      Reads(("rollout.multi_turn_reward",), "rollout.multi_turn", "true",
+            lambda c: bool(c.rollout.multi_turn)),
+      Reads(("reward.mean", "reward.std", "reward.stats_path"), "reward.normalize", "fixed",
+            lambda c: c.reward.normalize == "fixed"),
+      Reads(("loss.sampler_correction_cap",), "loss.sampler_correction",
+            "one of its modes", lambda c: bool(c.loss.sampler_correction)),
+      Reads(("prompts.feedback_path", "prompts.genrm_guidelines",
+             "prompts.genrm_both_orders"), "prompts.format", "genrm", genrm),
+      Reads(("prompts.domains", "prompts.languages"), "prompts.format",
+            "genrm or principle (HelpSteer3's rows)",
+            lambda c: c.prompts.format in ("genrm", "principle")),
+      Reads(("prompts.demo_train_prompts",), "prompts.train_path", "'' (the demo prompts)",
+            lambda c: not c.prompts.train_path and c.prompts.format == "jsonl"),
+      NoEffect(_clip_no_effect),
+      NoEffect(_track_kl_no_effect),
+  ]
+  return rules

@@ -24,6 +24,7 @@ import ml_collections
 from absl import logging
 
 from helpsteer_jax import runtime
+from helpsteer_jax.config_reads import Reads
 from helpsteer_jax.data import chat_template
 from helpsteer_jax.data.batches import CACHED_PAIR_BATCH, PAIR_BATCH, BatchSchema
 from helpsteer_jax.data.features import pair_rows
@@ -68,6 +69,19 @@ def loss_config(config: ml_collections.ConfigDict, csv: bool) -> dpo2d.Preferenc
   return dpo2d.PreferenceLossConfig(
       loss_type=lc.loss_type, beta=float(lc.beta), grouped=bool(lc.grouped),
       label_smoothing=float(lc.label_smoothing), aspect_weights=weights, aspects=aspects)
+
+
+def config_reads() -> list[Reads]:
+  """The pair-training keys only some runs read (`config_reads`): a loss type's own
+  options and the cached reference pass's."""
+  return [
+      Reads(("loss.label_smoothing",), "loss.loss_type", "dpo",
+            lambda c: c.loss.loss_type == "dpo"),
+      Reads(("loss.grouped",), "loss.loss_type", "dpo2d or dpo1d_segment",
+            lambda c: c.loss.loss_type in ("dpo2d", "dpo1d_segment")),
+      Reads(("reference.cache_dir", "reference.batch"), "reference.mode", "cached",
+            lambda c: c.reference.mode == "cached"),
+  ]
 
 
 def data_sources(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> tuple[str, str]:

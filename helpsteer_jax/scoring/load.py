@@ -45,6 +45,7 @@ from typing import Any
 import ml_collections
 
 from helpsteer_jax import config_base, runtime, saved_params, weights
+from helpsteer_jax.config_reads import Reads
 from helpsteer_jax.config_sections import init_config
 from helpsteer_jax.data.features.regression_ids import RegressionTokenizer
 from helpsteer_jax.errors import ConfigError
@@ -250,3 +251,49 @@ def _judge(section: ml_collections.ConfigDict, rt: runtime.Runtime | None, key: 
         genrm.ServedAnswers(source, section.judge_max_new_tokens, section.judge_model),
         section.aggregation, bool(section.judge_guidelines)))
   return JUDGES[judge](section, rt, key)
+
+
+def _local(source: str) -> bool:
+  """Whether `source` names a model loaded on the mesh (a path; "" is a missing one)."""
+  return not (source in (rules.DEMO_RULES, genrm.VERIFIER, VERIFIER) or remote.is_url(source))
+
+
+def _runs_locally(section: ml_collections.ConfigDict) -> bool:
+  """Whether a model of `section` (the attribute model, or a judge) is loaded on the mesh."""
+  return _local(str(section.source or "")) or (
+      bool(section.principle_source) and _local(str(section.principle_source)))
+
+
+def scorer_reads(prefix: str = "scorer", reads_all=None) -> list[Reads]:
+  """The keys of a scorer section (`config_reads`) only some kinds read: a factory is
+  given the whole section, so it reads every key, as does a run where
+  `reads_all(config)` (a task whose other settings load more scorers from it)."""
+  def on(test):
+    def when(config) -> bool:
+      section = config[prefix]
+      return (is_factory(str(section.source or "")) or test(section)
+              or bool(reads_all and reads_all(config)))
+    return when
+
+  def key(*names: str) -> tuple[str, ...]:
+    return tuple(f"{prefix}.{n}" for n in names)
+
+  source, judge = f"{prefix}.source", f"{prefix}.judge"
+  return [
+      Reads(key("model", "tokenizer", "max_len", "add_bos"), source,
+            "a path (a model on the mesh: an attribute model or a judge)", on(_runs_locally)),
+      Reads(key("head", "truncation"), source, "an attribute model's path (no judge)",
+            on(lambda s: not s.judge and _local(str(s.source or "")))),
+      Reads(key("batch_size"), source, "a model (a path or a server's URL)",
+            on(lambda s: bool(s.judge) or bool(s.principle_source)
+               or str(s.source or "") not in (rules.DEMO_RULES, genrm.VERIFIER, VERIFIER))),
+      Reads(key("judge_max_new_tokens"), judge, "genrm or principle (or a principle_source)",
+            on(lambda s: bool(s.judge) or bool(s.principle_source))),
+      Reads(key("aggregation", "judge_guidelines", "judge_model"), judge, "genrm",
+            on(lambda s: s.judge == "genrm")),
+      Reads(key("principle"), judge, "principle (or a principle_source)",
+            on(lambda s: s.judge == principle_judge.JUDGE or bool(s.principle_source))),
+      Reads(key("principle_coef"), f"{prefix}.principle_source", "set",
+            on(lambda s: bool(s.principle_source))),
+      Reads(key("penalty"), source, VERIFIER, on(lambda s: s.source == VERIFIER)),
+  ]

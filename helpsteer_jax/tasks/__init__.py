@@ -1,4 +1,6 @@
-"""One module per task; each exposes `run(config, workdir)`."""
+"""One module per task; each exposes `run(config, workdir)`, and may declare
+`config_reads()` (the keys only some of its runs read) and `RESUMES` (a rerun resumes
+the workdir's run)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,13 @@ TASKS = {
     "steerlm2": "helpsteer_jax.tasks.steerlm2",
     "iterative_dpo": "helpsteer_jax.tasks.iterative_dpo",
 }
+
+
+def config_reads(task: ModuleType) -> list:
+  """The task's rules of which keys only some runs read (`config_reads`; none: every key
+  is read by every run)."""
+  reads = getattr(task, "config_reads", None)
+  return reads() if reads is not None else []
 
 
 def get_task(name: str) -> ModuleType:

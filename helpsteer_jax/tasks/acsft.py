@@ -31,6 +31,8 @@ from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.train import abstract_step, export, loop
 from helpsteer_jax.train import state as state_lib
 
+RESUMES = True  # a rerun resumes the workdir's run (main.py checks its fingerprint)
+
 
 def loss_fn(config: ml_collections.ConfigDict) -> loop.LossFn:
   return functools.partial(sft_loss, chunk_size=config.train.loss_chunk_size)

@@ -38,9 +38,14 @@ from helpsteer_jax.progress import Progress
 from helpsteer_jax.runs import demo_sources
 from helpsteer_jax.runs import setup as setup_lib
 from helpsteer_jax.runs import summary as summary_lib
-from helpsteer_jax.scoring.load import load_scorer
+from helpsteer_jax.scoring.load import load_scorer, scorer_reads
 from helpsteer_jax.scoring.metrics import rounded
 from helpsteer_jax.scoring.scorer import Scorer, predict
+
+
+def config_reads() -> list:
+  """The scorer kind's keys."""
+  return scorer_reads()
 
 
 def steerlm_row(conv: Conversation) -> dict:

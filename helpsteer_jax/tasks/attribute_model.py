@@ -41,6 +41,8 @@ from helpsteer_jax.scoring.model import ModelScorer
 from helpsteer_jax.train import abstract_step, export, loop
 from helpsteer_jax.train import state as state_lib
 
+RESUMES = True  # a rerun resumes the workdir's run (main.py checks its fingerprint)
+
 LOSSES = ("regression",) + BT_VARIANTS
 PAIR_FORMATS = ("auto", "helpsteer3")  # auto: HelpSteer2-Preference
 

@@ -30,7 +30,12 @@ from helpsteer_jax.runs import setup as setup_lib
 from helpsteer_jax.runs import setup_2d
 from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.scoring import segments
-from helpsteer_jax.scoring.load import load_scorer
+from helpsteer_jax.scoring.load import load_scorer, scorer_reads
+
+
+def config_reads() -> list:
+  """The scorer kind's keys."""
+  return scorer_reads()
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:

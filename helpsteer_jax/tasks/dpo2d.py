@@ -16,7 +16,10 @@ import ml_collections
 
 from helpsteer_jax.runs import preference
 
+RESUMES = True  # a rerun resumes the workdir's run (main.py checks its fingerprint)
+
 batch_schema = preference.batch_schema
+config_reads = preference.config_reads
 abstract_train_step = preference.abstract_train_step
 
 

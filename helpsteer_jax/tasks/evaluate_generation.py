@@ -29,6 +29,8 @@ from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.runs.generation import build_generator, sampling_config
 from helpsteer_jax.scoring import load, remote, rewards, rules
 
+RESUMES = True  # a rerun resumes the workdir's run (main.py checks its fingerprint)
+
 JUDGES = ("openai", "attribute_model", "none")
 
 

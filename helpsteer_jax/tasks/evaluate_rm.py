@@ -48,7 +48,7 @@ from helpsteer_jax.scoring import evaluate as rm_eval
 from helpsteer_jax.scoring import report as rm_report
 from helpsteer_jax.scoring import rewards
 from helpsteer_jax.scoring.benchmarks import BENCHMARKS
-from helpsteer_jax.scoring.load import check_source, load_scorer
+from helpsteer_jax.scoring.load import check_source, load_scorer, scorer_reads
 
 
 def _warn(report: BadRecordReport, what: str) -> int:
@@ -69,6 +69,11 @@ class Variant:
     if not self.attribute:
       return default
     return np.asarray([a == self.attribute for a in ATTRIBUTES], np.float32)
+
+
+def config_reads() -> list:
+  """The scorer kind's keys (`variants` load several scorers from the section: all read)."""
+  return scorer_reads(reads_all=lambda c: bool(c.variants))
 
 
 def parse_variants(spec: str) -> list[Variant]:

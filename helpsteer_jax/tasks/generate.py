@@ -25,6 +25,7 @@ import ml_collections
 from absl import logging
 
 from helpsteer_jax import multihost, processes, resume, runtime, weights
+from helpsteer_jax.config_reads import Reads
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import best_of_n as best_of_n_lib
 from helpsteer_jax.inference import chat as chat_lib
@@ -34,7 +35,7 @@ from helpsteer_jax.inference.sampling import SamplingConfig
 from helpsteer_jax.runs import setup as setup_lib
 from helpsteer_jax.runs.generation import build_generator, read_input, sampling_config
 from helpsteer_jax.scoring import rewards
-from helpsteer_jax.scoring.load import load_scorer
+from helpsteer_jax.scoring.load import load_scorer, scorer_reads
 from helpsteer_jax.scoring.scorer import Scorer
 
 MODES = ("file", "chat")
@@ -53,6 +54,12 @@ def _answer_batch(generator: Generator, batch: list, config: ml_collections.Conf
                                    sampling=sampling, seed=seed)
   return [req.output_row(steering.response_text(c.text, c.finish_reason),
                          finish_reason=c.finish_reason) for req, c in zip(batch, completions)]
+
+
+def config_reads() -> list:
+  """The scorer is read for best-of-n alone; then its kind's keys."""
+  return [Reads(("scorer",), "best_of_n.n", "above 1 (best-of-n)",
+                lambda c: c.best_of_n.n > 1), *scorer_reads()]
 
 
 def best_of_n_scorer(config: ml_collections.ConfigDict, rt: runtime.Runtime) -> Scorer | None:

@@ -33,8 +33,15 @@ from helpsteer_jax.runs import policy, preference, prompts, rounds
 from helpsteer_jax.runs import setup as setup_lib
 from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.scoring import rewards as scoring_rewards
-from helpsteer_jax.scoring.load import load_scorer
+from helpsteer_jax.scoring.load import load_scorer, scorer_reads
 from helpsteer_jax.train import loop
+
+RESUMES = True  # a rerun resumes the workdir's run (main.py checks its fingerprint)
+
+
+def config_reads() -> list:
+  """The keys only some runs read: the pair loss's and the scorer's."""
+  return preference.config_reads() + scorer_reads()
 
 SAMPLES, PAIRS, EVAL = "samples.jsonl", "pairs.jsonl", "eval.json"
 # A round's step is dpo2d's (whole-response pairs, the configured reference mode).

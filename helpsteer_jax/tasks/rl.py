@@ -34,9 +34,16 @@ from helpsteer_jax.runs import prompts as prompts_lib
 from helpsteer_jax.runs import setup as setup_lib
 from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.scoring import rewards as scoring_rewards
-from helpsteer_jax.scoring.load import load_scorer
+from helpsteer_jax.scoring.load import load_scorer, scorer_reads
 from helpsteer_jax.scoring.principle_verifier import VERIFIER as PRINCIPLE_VERIFIER
 from helpsteer_jax.train import abstract_step, export
+
+RESUMES = True  # a rerun resumes the workdir's run (main.py checks its fingerprint)
+
+
+def config_reads() -> list:
+  """The keys only some RL runs read: the algorithms', the rollout's, the scorer's."""
+  return settings.config_reads() + scorer_reads()
 
 
 def _reference(config, s: settings.RLSettings, parts, rt, fresh_adapters: bool):

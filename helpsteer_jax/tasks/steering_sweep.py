@@ -28,6 +28,8 @@ from helpsteer_jax.runs import setup as setup_lib
 from helpsteer_jax.scoring.load import load_scorer
 from helpsteer_jax.scoring.scorer import Scorer
 
+RESUMES = True  # a rerun resumes the workdir's run (main.py checks its fingerprint)
+
 GENERATIONS_FILE = "sweep_generations.jsonl"
 
 

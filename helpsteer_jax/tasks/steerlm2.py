@@ -55,6 +55,8 @@ from helpsteer_jax.scoring import rewards as scoring_rewards
 from helpsteer_jax.scoring.load import load_scorer
 from helpsteer_jax.train import abstract_step, export, loop
 
+RESUMES = True  # a rerun resumes the workdir's run (main.py checks its fingerprint)
+
 SAMPLES, SWEEP_ROWS = "samples.jsonl", "sweep_generations.jsonl"
 REQUEST_ROWS, ADHERENCE = "adherence_generations.jsonl", "adherence.json"
 DEMO_ROWS_SEED = 30_000  # the demo rows whose prompts and labels SteerLM 2.0 samples for
