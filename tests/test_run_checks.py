@@ -77,6 +77,21 @@ def test_keys_shared_by_every_algorithm_and_the_readers_of_each_loss_key():
       _check("rl", overrides={"algorithm": algorithm, key: value})
 
 
+def test_rollout_keys_are_read_under_their_settings_and_checked_anyway():
+  with pytest.raises(ConfigError) as e:
+    _check("rl", overrides={"rollout.multi_turn_reward": "last"})
+  assert "rollout.multi_turn_reward='last': choose one of final, each" in str(e.value)
+  assert "is read only when rollout.multi_turn is true" in str(e.value)
+  _check("rl", overrides={"rollout.multi_turn": True, "rollout.multi_turn_reward": "each"})
+  with pytest.raises(ConfigError, match="rollout.devices=4 .* read only when"
+                                        " rollout.max_staleness is 1"):
+    _check("rl", overrides={"rollout.devices": 4})
+  with pytest.raises(ConfigError, match="reward.std=2.0 .* reward.normalize is fixed"):
+    _check("rl", overrides={"reward.std": 2.0})
+  with pytest.raises(ConfigError, match="teacher.source=.* algorithm is distill"):
+    _check("rl", overrides={"teacher.source": "workdir/acsft"})
+
+
 def test_a_preset_key_for_another_algorithm_is_refused_naming_the_preset():
   with pytest.raises(ConfigError) as e:
     _check("rl", "llama3_70b", {"algorithm": "grpo"})

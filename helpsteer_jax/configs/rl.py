@@ -192,9 +192,9 @@ def _principle(config):
   return config
 
 
-def _big(config, preset, *, lr, algorithm, kl=None, tensor=1):
-  """A published model's recipe; `kl` the KL coefficient of `algorithm`'s own key (rloo,
-  ppo: loss.kl_coef in the reward; grpo: loss.beta), unset = the algorithm's default."""
+def _big(config, preset, *, lr, algorithm, loss=None, tensor=1):
+  """A published model's recipe with `algorithm` and its own `loss` keys (e.g. RLOO's KL
+  in the reward, `kl_coef`)."""
   config.algorithm = algorithm
   config.model = config_base.model_section(preset, dtype="bfloat16", param_dtype="float32",
                                           remat_policy="full")
@@ -205,8 +205,7 @@ def _big(config, preset, *, lr, algorithm, kl=None, tensor=1):
                                       weight_decay=0.0, grad_clip=1.0)
   config.rollout.update(prompts_per_iteration=32, samples_per_prompt=4, max_new_tokens=1024,
                         max_batch=128)
-  if kl is not None:
-    config.loss["kl_coef" if algorithm in ("rloo", "ppo") else "beta"] = kl
+  config.loss.update(loss or {})
   config.reward.normalize = "fixed"
   config.mesh = config_base.mesh_config(data=1, fsdp=-1, tensor=tensor)
   scorer_on_mesh(config, preset)
@@ -263,9 +262,9 @@ def get_config(preset: str = ""):
   if preset == "principle":
     return _principle(_demo(config))
   if preset == "llama3_8b":
-    return _big(config, preset, lr=1e-7, algorithm="rloo", kl=3e-3)
+    return _big(config, preset, lr=1e-7, algorithm="rloo", loss={"kl_coef": 3e-3})
   if preset == "llama3_70b":
-    return _big(config, preset, lr=1e-7, algorithm="rloo", kl=3e-3, tensor=8)
+    return _big(config, preset, lr=1e-7, algorithm="rloo", loss={"kl_coef": 3e-3}, tensor=8)
   if preset == "genrm":
     return _genrm(_demo(config), big=False)
   if preset == "genrm_llama3_70b":

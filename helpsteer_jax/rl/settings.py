@@ -110,6 +110,14 @@ def _fixed_moments(rc: ml_collections.ConfigDict) -> tuple[float, float]:
 
 def read(config: ml_collections.ConfigDict) -> RLSettings:
   """The settings, or a ConfigError listing every problem and what to change."""
+  settings, problems = _read(config)
+  if problems:
+    raise ConfigError("; ".join(problems))
+  return settings
+
+
+def _read(config: ml_collections.ConfigDict) -> tuple[RLSettings | None, list[str]]:
+  """The settings (None with problems) and every problem, each naming its key."""
   ro, lc, rc, tc = config.rollout, config.loss, config.reward, config.train
   problems = []
   kind = REGISTRY.get(config.algorithm)
@@ -191,7 +199,7 @@ def read(config: ml_collections.ConfigDict) -> RLSettings:
   if unknown:
     problems.append(f"reward.steer_attributes: {unknown} are not steerable ({STEERABLE})")
   if problems:
-    raise ConfigError("; ".join(problems))
+    return None, problems
   return RLSettings(
       algorithm=algorithm, prompts=p, k=k, max_new_tokens=int(ro.max_new_tokens),
       temperature=float(ro.temperature), top_p=float(ro.top_p), top_k=int(ro.top_k),
@@ -202,7 +210,7 @@ def read(config: ml_collections.ConfigDict) -> RLSettings:
       recompute_logprobs=bool(lc.get("recompute_logprobs", False)),
       sampler_correction=correction, sampler_correction_cap=cap, rollout_dtype=rollout_dtype,
       track_kl=bool(lc.get("track_kl", False)), max_staleness=staleness,
-      multi_turn=multi_turn, multi_turn_reward=turn_reward)
+      multi_turn=multi_turn, multi_turn_reward=turn_reward), []
 
 
 def _algorithm_problems(names: tuple[str, ...], field: str):
@@ -217,6 +225,13 @@ def _algorithm_problems(names: tuple[str, ...], field: str):
         continue
       out.extend(p for p in algorithm.problems() if p.startswith(f"loss.{field}="))
     return out
+  return problems
+
+
+def _problems_of(*keys: str):
+  """The problems `read` finds with `keys`' values (checked where they are not read)."""
+  def problems(config) -> list[str]:
+    return [p for p in _read(config)[1] if p.startswith(tuple(f"{k}=" for k in keys))]
   return problems
 
 
@@ -276,11 +291,12 @@ def config_reads() -> list[Rule]:
       Reads(("rollout.devices", "rollout.mesh"), "rollout.max_staleness", "1",
             lambda c: int(c.rollout.max_staleness) == 1),
       Reads(("rollout.multi_turn_reward",), "rollout.multi_turn", "true",
-            lambda c: bool(c.rollout.multi_turn)),
+            lambda c: bool(c.rollout.multi_turn), _problems_of("rollout.multi_turn_reward")),
       Reads(("reward.mean", "reward.std", "reward.stats_path"), "reward.normalize", "fixed",
             lambda c: c.reward.normalize == "fixed"),
       Reads(("loss.sampler_correction_cap",), "loss.sampler_correction",
-            "one of its modes", lambda c: bool(c.loss.sampler_correction)),
+            "one of its modes", lambda c: bool(c.loss.sampler_correction),
+            _problems_of("loss.sampler_correction_cap")),
       Reads(("prompts.feedback_path", "prompts.genrm_guidelines",
              "prompts.genrm_both_orders"), "prompts.format", "genrm", genrm),
       Reads(("prompts.domains", "prompts.languages"), "prompts.format",
