@@ -138,6 +138,9 @@ def test_a_pair_loss_option_is_read_by_its_loss_type_alone():
   _check("dpo2d", overrides={"loss.loss_type": "dpo", "loss.label_smoothing": 0.1})
   with pytest.raises(ConfigError, match="reference.batch"):
     _check("dpo2d", overrides={"reference.mode": "on_the_fly", "reference.batch": 4})
+  with pytest.raises(ConfigError, match="judge.model='gpt-4' .* judge.kind is openai"):
+    _check("evaluate_generation", overrides={"judge.kind": "none", "judge.model": "gpt-4"})
+  _check("evaluate_generation", overrides={"judge.kind": "openai", "judge.model": "gpt-4"})
 
 
 def test_a_clip_range_without_effect_is_named():

@@ -19,6 +19,7 @@ import pathlib
 import ml_collections
 
 from helpsteer_jax import multihost, processes, weights
+from helpsteer_jax.config_reads import Reads
 from helpsteer_jax.errors import ConfigError, HelpsteerError
 from helpsteer_jax.eval import mt_bench_data, mt_bench_judgments, mt_bench_report
 from helpsteer_jax.eval.mt_bench_answers import answer_all
@@ -32,6 +33,16 @@ from helpsteer_jax.scoring import load, remote, rewards, rules
 RESUMES = True  # a rerun resumes the workdir's run (main.py checks its fingerprint)
 
 JUDGES = ("openai", "attribute_model", "none")
+
+
+def config_reads() -> list:
+  """The LLM judge's keys for judge.kind=openai, the scorer's for attribute_model."""
+  return [Reads(("judge.base_url", "judge.model", "judge.api_key_env", "judge.timeout",
+                 "judge.max_retries", "judge.parallel", "judge.max_tokens"),
+                "judge.kind", "openai", lambda c: c.judge.kind == "openai"),
+          Reads(("scorer",), "judge.kind", "attribute_model",
+                lambda c: c.judge.kind == "attribute_model"),
+          *load.scorer_reads()]
 
 
 class JudgingIncomplete(HelpsteerError):

@@ -25,10 +25,15 @@ from helpsteer_jax.eval import steering_sweep as sweep_lib
 from helpsteer_jax.inference import steering
 from helpsteer_jax.runs import generation
 from helpsteer_jax.runs import setup as setup_lib
-from helpsteer_jax.scoring.load import load_scorer
+from helpsteer_jax.scoring.load import load_scorer, scorer_reads
 from helpsteer_jax.scoring.scorer import Scorer
 
 RESUMES = True  # a rerun resumes the workdir's run (main.py checks its fingerprint)
+
+
+def config_reads() -> list:
+  """The scorer kind's keys."""
+  return scorer_reads()
 
 GENERATIONS_FILE = "sweep_generations.jsonl"
 

@@ -52,10 +52,15 @@ from helpsteer_jax.runs import policy, rounds
 from helpsteer_jax.runs import setup as setup_lib
 from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.scoring import rewards as scoring_rewards
-from helpsteer_jax.scoring.load import load_scorer
+from helpsteer_jax.scoring.load import load_scorer, scorer_reads
 from helpsteer_jax.train import abstract_step, export, loop
 
 RESUMES = True  # a rerun resumes the workdir's run (main.py checks its fingerprint)
+
+
+def config_reads() -> list:
+  """The scorer kind's keys."""
+  return scorer_reads()
 
 SAMPLES, SWEEP_ROWS = "samples.jsonl", "sweep_generations.jsonl"
 REQUEST_ROWS, ADHERENCE = "adherence_generations.jsonl", "adherence.json"
