@@ -30,12 +30,16 @@ class Reads:
   """`keys` (dotted; a section's name covers every key in it) are read only when
   `when(config)`: when `setting` (the key that decides) is `values` (in words, e.g.
   "gspo", "rloo or ppo"). `problems(config)`: what is wrong with their values, checked
-  even where they are not read."""
+  even where they are not read. `harmless`: leaving them out changes no result (a batch
+  size, the settings of a model that is not loaded), so a preset's value the command
+  line's choice leaves unread is dropped with a warning; given on the command line, it
+  is refused as any other."""
   keys: tuple[str, ...]
   setting: str
   values: str
   when: Callable[[Any], bool]
   problems: Callable[[Any], list[str]] = lambda config: []
+  harmless: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,9 +116,12 @@ def check(config: Any, given: Mapping[str, str], rules: Iterable[Rule]) -> list[
         for r in naming))
     line = f"{key}={_value(config, key)!r} (given by {given[key]}) is read only when {who}"
     escape = f"--config.{ALLOW_KEY}={key}"
+    from_preset = given[key].startswith("preset")
     if any(covers(a, key) for a in allowed):
       warnings.append(f"{line}: the run goes on without it ({ALLOW_KEY})")
-    elif given[key].startswith("preset"):
+    elif from_preset and all(r.harmless for r in naming):
+      warnings.append(f"{line}: the run goes on without it")
+    elif from_preset:
       unread.append(f"{line}: add {escape} to run without it")
     else:
       unread.append(f"{line}: remove it, or add {escape} to run without it")

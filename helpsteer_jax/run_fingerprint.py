@@ -119,29 +119,42 @@ class Recorded:
       self.workdir.rmdir()
 
 
+def _write(config: Any, workdir: pathlib.Path, current: dict, outcome: dict) -> dict:
+  """Writes the record (process 0); what `Recorded` needs to undo it."""
+  history = outcome.get("history", [])
+  if outcome["changed"]:
+    history = history + [{"changed": outcome["changed"]}]
+  made_dir = not workdir.is_dir()
+  path = workdir / FILE
+  try:
+    workdir.mkdir(parents=True, exist_ok=True)
+    previous = path.read_text() if path.is_file() else None
+    tmp = workdir / (FILE + ".tmp")
+    tmp.write_text(json.dumps({"task": config.task, "settings": current, "history": history},
+                              indent=1, sort_keys=True) + "\n")
+    tmp.replace(path)
+  except OSError as e:
+    raise ConfigError(f"cannot write to the workdir {workdir}: {e}; choose another --workdir"
+                      " or free some space") from None
+  return {**outcome, "made_dir": made_dir, "previous": previous}
+
+
 def check_or_record(config: Any, workdir: str | pathlib.Path) -> Recorded | None:
   """Refuses a workdir whose run has other settings (ConfigError, on every process);
   otherwise records this run's fingerprint there (process 0: what it wrote, else None)."""
   workdir = pathlib.Path(workdir)
   current = fingerprint(config)
-  outcome = multihost.on_primary(
-      lambda: _decide(config, workdir, current) if workdir.is_dir()
-      else {"write": True, "changed": {}})
+
+  def decide() -> dict:
+    outcome = (_decide(config, workdir, current) if workdir.is_dir()
+               else {"write": True, "changed": {}})
+    return _write(config, workdir, current, outcome) if outcome["write"] else outcome
+
+  outcome = multihost.on_primary(decide)
   if outcome["changed"]:
     logging.warning("%s: continuing the run with changed settings (%s): %s", workdir,
                     ALLOW_KEY, "; ".join(f"{k}: {a!r} -> {b!r}"
                                          for k, (a, b) in outcome["changed"].items()))
   if not (outcome["write"] and processes.is_primary()):
     return None
-  history = outcome.get("history", [])
-  if outcome["changed"]:
-    history = history + [{"changed": outcome["changed"]}]
-  made_dir = not workdir.is_dir()
-  workdir.mkdir(parents=True, exist_ok=True)
-  path = workdir / FILE
-  previous = path.read_text() if path.is_file() else None
-  record = {"task": config.task, "settings": current, "history": history}
-  tmp = workdir / (FILE + ".tmp")
-  tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-  tmp.replace(path)
-  return Recorded(workdir, made_dir, previous)
+  return Recorded(workdir, outcome["made_dir"], outcome["previous"])

@@ -101,6 +101,18 @@ def test_a_preset_key_for_another_algorithm_is_refused_naming_the_preset():
   assert _check("rl", "llama3_70b", {"algorithm": "ppo"}) == []
 
 
+def test_a_preset_key_that_changes_no_result_is_dropped_with_a_warning():
+  """A preset's scorer model (bf16 Llama 3 70B) means nothing for a served scorer, and a
+  preset's reference-pass batch nothing without the cached pass: warnings, not errors."""
+  warnings = _check("rl", "llama3_70b", {"scorer.source": "http://rm-host:8000/v1"})
+  assert any(w.startswith("scorer.model.name='llama3_70b' (given by preset llama3_70b)")
+             and w.endswith("the run goes on without it") for w in warnings), warnings
+  (warning,) = _check("dpo2d", "llama3_8b", {"reference.mode": "on_the_fly"})
+  assert "reference.batch" in warning
+  with pytest.raises(ConfigError, match="reference.batch=4 .* remove it"):
+    _check("dpo2d", "llama3_8b", {"reference.mode": "on_the_fly", "reference.batch": 4})
+
+
 def test_every_preset_reads_every_key_it_sets():
   for path in sorted(CONFIGS.glob("*.py")):
     module = task_configs.load(path)
@@ -219,6 +231,12 @@ def test_a_workdir_without_work_takes_new_settings_and_a_broken_record_is_named(
   (tmp_path / run_fingerprint.FILE).write_text("{not json")
   with pytest.raises(ConfigError, match="is not a run fingerprint"):
     run_fingerprint.check_or_record(_rl(), tmp_path)
+
+
+def test_an_unwritable_workdir_is_named(tmp_path):
+  (tmp_path / "a_file").write_text("")
+  with pytest.raises(ConfigError, match="cannot write to the workdir"):
+    run_fingerprint.check_or_record(_rl(), tmp_path / "a_file" / "run")
 
 
 def test_a_run_that_stops_before_writing_anything_leaves_nothing(tmp_path):

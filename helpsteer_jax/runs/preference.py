@@ -80,7 +80,7 @@ def config_reads() -> list[Reads]:
       Reads(("loss.grouped",), "loss.loss_type", "dpo2d or dpo1d_segment",
             lambda c: c.loss.loss_type in ("dpo2d", "dpo1d_segment")),
       Reads(("reference.cache_dir", "reference.batch"), "reference.mode", "cached",
-            lambda c: c.reference.mode == "cached"),
+            lambda c: c.reference.mode == "cached", harmless=True),
   ]
 
 

@@ -281,12 +281,14 @@ def scorer_reads(prefix: str = "scorer", reads_all=None) -> list[Reads]:
   source, judge = f"{prefix}.source", f"{prefix}.judge"
   return [
       Reads(key("model", "tokenizer", "max_len", "add_bos"), source,
-            "a path (a model on the mesh: an attribute model or a judge)", on(_runs_locally)),
+            "a path (a model on the mesh: an attribute model or a judge)", on(_runs_locally),
+            harmless=True),
       Reads(key("head", "truncation"), source, "an attribute model's path (no judge)",
-            on(lambda s: not s.judge and _local(str(s.source or "")))),
+            on(lambda s: not s.judge and _local(str(s.source or ""))), harmless=True),
       Reads(key("batch_size"), source, "a model (a path or a server's URL)",
             on(lambda s: bool(s.judge) or bool(s.principle_source)
-               or str(s.source or "") not in (rules.DEMO_RULES, genrm.VERIFIER, VERIFIER))),
+               or str(s.source or "") not in (rules.DEMO_RULES, genrm.VERIFIER, VERIFIER)),
+            harmless=True),
       Reads(key("judge_max_new_tokens"), judge, "genrm or principle (or a principle_source)",
             on(lambda s: bool(s.judge) or bool(s.principle_source))),
       Reads(key("aggregation", "judge_guidelines", "judge_model"), judge, "genrm",
