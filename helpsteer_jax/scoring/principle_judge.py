@@ -45,7 +45,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from helpsteer_jax import frozen_pass
+from helpsteer_jax import choices, frozen_pass
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.data import template
 from helpsteer_jax.data.features.tokenize import tokenize_pieces
@@ -59,7 +59,7 @@ from helpsteer_jax.scoring.model import BucketedPass, length_batches, length_buc
 from helpsteer_jax.scoring.remote import API_KEY_ENV
 from helpsteer_jax.scoring.scorer import reward_rows
 
-JUDGE = "principle"  # scorer.judge
+JUDGE = choices.PRINCIPLE_JUDGE  # scorer.judge
 MISSING_REWARD = 0.0  # a served judge's reward when a verdict is not in its top 20
 
 

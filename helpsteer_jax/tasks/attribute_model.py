@@ -18,7 +18,7 @@ import pathlib
 import ml_collections
 from absl import logging
 
-from helpsteer_jax import processes, runtime, weights
+from helpsteer_jax import choices, processes, runtime, weights
 from helpsteer_jax.data.batches import BT_BATCH, REGRESSION_BATCH, BatchSchema
 from helpsteer_jax.data.features import regression_ids as rid
 from helpsteer_jax.data.features import rm as rm_data
@@ -41,7 +41,7 @@ from helpsteer_jax.scoring.model import ModelScorer
 from helpsteer_jax.train import abstract_step, export, loop
 from helpsteer_jax.train import state as state_lib
 
-LOSSES = ("regression",) + BT_VARIANTS
+LOSSES = choices.ATTRIBUTE_LOSSES
 PAIR_FORMATS = ("auto", "helpsteer3")  # auto: HelpSteer2-Preference
 
 
