@@ -47,6 +47,12 @@ class FrozenPass:
     with jax.set_mesh(mesh):
       self._fn = jax.jit(fn, out_shardings=replicated, **kw)
 
+  @property
+  def compiled_variants(self) -> int:
+    """Programs compiled (or read from the compilation cache) so far: one per batch
+    shape."""
+    return self._fn._cache_size()
+
   def dispatch(self, args: Sequence[Any], batch: Mapping[str, np.ndarray]) -> Pending:
     """Starts the pass over one batch of at most `rows` host rows (every field [n, ...])."""
     n = len(next(iter(batch.values())))

@@ -8,7 +8,8 @@ from helpsteer_jax import processes
 
 
 class Progress:
-  """A tqdm bar on process 0; `update(n, **postfix)` adds `n` and shows `postfix`."""
+  """A tqdm bar on process 0; `update(n, **postfix)` adds `n` and shows `postfix`,
+  `update_to(count)` sets the count."""
 
   def __init__(self, total: int, initial: int, desc: str, enabled: bool | None = None,
                unit: str = "step"):
@@ -24,6 +25,12 @@ class Progress:
       self._bar.update(n)
       if postfix:
         self._bar.set_postfix(postfix, refresh=False)
+
+  def update_to(self, count: int, **postfix: Any) -> None:
+    """Moves the bar to `count` (a running total the caller reads, such as programs
+    compiled so far)."""
+    if self._bar is not None:
+      self.update(count - self._bar.n, **postfix)
 
   def close(self) -> None:
     if self._bar is not None:

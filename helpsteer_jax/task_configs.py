@@ -13,11 +13,18 @@ import runpy
 import textwrap
 from typing import Any, Iterable
 
-from helpsteer_jax import config_reads
+from helpsteer_jax import choices, config_reads
 from helpsteer_jax.errors import ConfigError
 
 PACKAGED = pathlib.Path(__file__).resolve().with_name("configs")
 DEFAULT_WORKDIR = "workdir"  # a task's outputs go to <DEFAULT_WORKDIR>/<task> by default
+# The choices --help lists under a task: its config key and the names it takes.
+TASK_CHOICES: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
+    "attribute_model": (("loss", choices.ATTRIBUTE_LOSSES),),
+    "dpo2d": (("loss.loss_type", choices.PREFERENCE_LOSSES),),
+    "iterative_dpo": (("loss.loss_type", choices.SEQUENCE_LOSSES),),
+    "rl": (("algorithm", tuple(choices.RL_ALGORITHMS)),),
+}
 
 
 def split_spec(spec: str) -> tuple[str, str]:
@@ -161,7 +168,16 @@ def help_text(program: str) -> str:
     if presets:
       lines += textwrap.wrap("presets: " + ", ".join(presets), 100, initial_indent=indent,
                              subsequent_indent=indent + "  ")
+    for key, names in TASK_CHOICES.get(name, ()):
+      lines += textwrap.wrap(f"--config.{key}: " + ", ".join(names), 100,
+                             initial_indent=indent, subsequent_indent=indent + "  ")
     if needs:
       lines.append(f"{indent}after: " + ", ".join(
           f"{t} (reads ./{DEFAULT_WORKDIR}/{t})" for t in needs))
+  sources = ", ".join(f"{name} ({what})" for name, what in choices.SCORER_SOURCES.items())
+  lines += ["", *textwrap.wrap(
+      "A task with a scorer section takes --config.scorer.source: an attribute_model run or"
+      " its HF export, a server's http://HOST:PORT/v1, package.module:function, or"
+      f" {sources}; with --config.scorer.judge ({', '.join(choices.JUDGES)}) the source is"
+      " a judge model's path or URL.", 100)]
   return "\n".join(lines)

@@ -63,14 +63,16 @@ def serve_config():
 
 class Server:
   """The server of `models` (write_models' directory) on a free loopback port, started and
-  waited for (up to 10 minutes); its log and workdir in `root`."""
+  waited for (up to 10 minutes); its log and workdir in `root`; `api_key` None: none."""
 
-  def __init__(self, models, root, *flags: str):
+  def __init__(self, models, root, *flags: str, api_key: str | None = KEY):
     self.models = models
     self.port = free_port()
     self.base = f"http://127.0.0.1:{self.port}"
-    env = dict(os.environ, JAX_PLATFORMS="cpu", HELPSTEER_API_KEY=KEY,
-               XLA_FLAGS=xla_flags(1))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(1))
+    env.pop("HELPSTEER_API_KEY", None)
+    if api_key is not None:
+      env["HELPSTEER_API_KEY"] = api_key
     self.log = open(root / "server.log", "w")
     self.proc = subprocess.Popen(
         [sys.executable, "-m", "helpsteer_jax.main", "--config=configs/serve.py",

@@ -58,6 +58,7 @@ def test_a_crowd_with_chunked_newcomers_equals_each_request_alone(tokenizer, fam
   assert eng.mixed_buckets == [16, 32]
   eng.warm_up()
   compiled = eng.compiled_variants
+  assert compiled == eng.warm_up_programs  # what the warm-up counted up front
   joined = []
   plan = eng._plan
 

@@ -85,6 +85,7 @@ def test_the_reward_is_the_judges_verdict_log_ratio(judge_dir):
   source, model = judge_dir
   scorer = load.load_scorer(_section(source), _rt())
   scorer.warm_up()
+  assert scorer.compiled_variants == scorer.warm_up_programs
   got = scorer(CONVS)
   tok = hf.load_tokenizer(str(source))
   expected = [_independent(model, tok, c) for c in CONVS[:3]]

@@ -164,7 +164,10 @@ def test_bucket_padding_does_not_change_predictions(model_scorer):
 
 def test_no_compile_after_warm_up_whatever_the_lengths(model_scorer):
   scorer, _ = model_scorer
-  scorer.warm_up()
+  steps = []
+  scorer.warm_up(lambda: steps.append(scorer.compiled_variants))
+  # A step per length bucket, after which every bucket's program is compiled.
+  assert len(steps) == len(scorer.buckets) and steps[-1] == scorer.warm_up_programs
   counter = CompileCounter()
   for words in (1, 3, 9, 20, 44, 70, 100):
     conv = Conversation("s", (Turn("User", "count"), Turn("Assistant", "w " * words)))

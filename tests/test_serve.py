@@ -11,6 +11,7 @@ test but the SIGTERM one, which starts a server of its own.
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -201,6 +202,21 @@ def test_a_client_that_disconnects_frees_its_row(server):
   while not (server.stats()["cancelled"] == before + 1 and server.stats()["busy_rows"] == 0):
     assert time.time() < deadline, server.stats()
     time.sleep(0.2)
+
+
+def test_warm_up_counts_programs_to_its_total_then_says_ready(server):
+  lines = re.split(r"[\r\n]+", (server.root / "server.log").read_text())
+  bars = [(i, int(m[1]), int(m[2])) for i, line in enumerate(lines)
+          if (m := re.search(r"serve: warm-up: .*?(\d+)/(\d+) \[[^]]*program", line))]
+  assert len(bars) >= 2, lines[:40]  # the empty bar, then at least its end
+  counts = [count for _, count, _ in bars]
+  totals = {total for _, _, total in bars}
+  assert len(totals) == 1 and counts == sorted(counts), bars
+  assert counts[0] < counts[-1] == totals.pop(), bars
+  ready = [i for i, line in enumerate(lines)
+           if line.startswith(f"serve: tiny ready: API {server.base}/v1, playground"
+                              f" {server.base}/ (warmed up in")]
+  assert len(ready) == 1 and ready[0] > bars[-1][0], lines
 
 
 def test_no_compilation_after_warm_up(server):

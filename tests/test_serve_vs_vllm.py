@@ -92,9 +92,9 @@ def test_kv_cache_bytes_from_the_exports_shapes(memory, tmp_path):
 
 def test_warmup_record_reads_the_servers_line(memory, tmp_path):
   log = tmp_path / "ours.log"
-  log.write_text("I1206 loading\nserve: bench warmed up in 12.3s (94 compiles, 90 of them read"
-                 " from the compilation cache; 3.1s trace + 4.2s lower + 0.9s compile); API"
-                 " http://127.0.0.1:1/v1, playground ...\n")
+  log.write_text("I1206 loading\nserve: bench ready: API http://127.0.0.1:1/v1, playground"
+                 " http://127.0.0.1:1/ (warmed up in 12.3s (94 compiles, 90 of them read from"
+                 " the compilation cache; 3.1s trace + 4.2s lower + 0.9s compile))\n")
   assert memory.warmup_record(log) == {"warmup_s": 12.3, "compiles": 94, "cache_hits": 90}
   log.write_text("the server died\n")
   assert memory.warmup_record(log) is None

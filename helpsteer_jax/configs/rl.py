@@ -1,4 +1,4 @@
-"""Online RL with the attribute model as the reward: RLOO, GRPO, GSPO (and PPO);
+"""Online RL with the attribute model as the reward: RLOO, GRPO, PPO, GSPO, DAPO;
 on-policy distillation of a teacher (`distill`).
 
   # the default AC-SFT run's policy, the demo prompts, the demo data's rules as the reward

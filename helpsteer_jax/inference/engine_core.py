@@ -18,7 +18,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -175,25 +175,39 @@ class EngineCore:
     return self.cache.compiled_variants + sum(f._cache_size() for f in (
         self._prefill, self._first, self._decode, self._decode_rows, self._write, self._score))
 
-  def warm_up(self) -> None:
+  @property
+  def warm_up_programs(self) -> int:
+    """The programs `warm_up` compiles (or reads from the compilation cache): prefill and
+    scoring per prompt bucket, the first-token sampler, per slot count a decode step per
+    row bucket (a read-only step and a write below a whole block of rows) and per mixed
+    bucket, and the cache's inserts and re-layouts."""
+    steps = sum(1 if n == 1 or n % self.row_block == 0 else 2 for n in self.row_buckets)
+    return (2 * len(self.buckets) + 1 + self.cache.warm_up_programs(self.buckets)
+            + (steps + len(self.mixed_buckets)) * len(self.cache.lengths))
+
+  def warm_up(self, on_step: Callable[[], None] = lambda: None) -> None:
     """Compiles every prompt bucket's prefill and scoring, every (rows, slots) decode step,
-    the prompt inserts and the re-layouts between slot counts."""
+    the prompt inserts and the re-layouts between slot counts (`warm_up_programs` in
+    all); `on_step()` after each step of it (a progress bar's cue)."""
     def prefilled(t: int):
       self._run_score([self.pad_id] * 2, t)
       ks, vs, *_, logits = self._run_prefill([self.pad_id], 0.0, 1.0, 0, 0, t)
       if t == self.buckets[0]:
         self._run_first(logits, 0.0, 1.0, 0, 0)
+      on_step()
       return ks, vs
 
-    self.cache.warm_up(self.buckets, prefilled)
+    self.cache.warm_up(self.buckets, prefilled, on_step)
     for length in self.cache.lengths:
       self.cache.resize(length, 0)
       for n in self.row_buckets:
         # One step each: a step compiles what a chunk of them runs.
         self._run_decode(n, steps=1)
+        on_step()
         if n in self.mixed_buckets:
           dummy = self.plan.chunks([self.pad_id], 0, 1, self.prefill_chunk, self.pad_id)
           self._run_decode(n, dummy, steps=1)
+          on_step()
     self.cache.reset()
 
   def check(self, prompt_len: int, max_tokens: int) -> None:

@@ -13,6 +13,7 @@ them to the smallest slot count that holds it and one more chunk.
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import jax
 import numpy as np
@@ -53,9 +54,18 @@ class SlotCache:
     return (self._insert._cache_size() + self._relayout._cache_size()
             + self._shift._cache_size())
 
-  def warm_up(self, prompt_buckets, prefilled) -> None:
+  def warm_up_programs(self, prompt_buckets) -> int:
+    """The programs `warm_up` compiles: an insert per prompt bucket and slot count that
+    fits it, a re-layout per pair of slot counts (a shift where they are the same)."""
+    inserts = sum(length >= t + self.chunk_steps for t in prompt_buckets
+                  for length in self.lengths)
+    return inserts + len(self.lengths) ** 2
+
+  def warm_up(self, prompt_buckets, prefilled,
+              on_step: Callable[[], None] = lambda: None) -> None:
     """Compiles every re-layout between slot counts and, with `prefilled(t)` giving a
-    prompt bucket's per-layer keys and values, every insert that fits."""
+    prompt bucket's per-layer keys and values, every insert that fits; `on_step()` after
+    each program."""
     for t in prompt_buckets:
       ks, vs = prefilled(t)
       for length in self.lengths:
@@ -63,6 +73,7 @@ class SlotCache:
           self.resize(length, 0)
           self.end = t
           self.insert(ks, vs, 0, t)
+          on_step()
     for length in self.lengths:
       for other in self.lengths:
         self.resize(length, 0)
@@ -70,6 +81,7 @@ class SlotCache:
         # One re-layout at a time: dispatched back to back, each would hold its input
         # and output buffers at once (the largest slot counts set the server's peak).
         jax.block_until_ready((self.k, self.v))
+        on_step()
     self.reset()
 
   def reset(self) -> None:

@@ -24,7 +24,7 @@ engine holds its own per-layer copy of the judge's layers and a KV cache of
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from flax import nnx
@@ -58,10 +58,19 @@ class ReasoningJudge:
   def local_rows(self) -> int:
     return self.judge.local_rows
 
-  def warm_up(self) -> None:
-    """The pass's length buckets and the engine's programs (a server compiles nothing)."""
-    self.judge.warm_up()
-    self.engine.warm_up()
+  @property
+  def warm_up_programs(self) -> int:
+    return self.judge.warm_up_programs + self.engine.warm_up_programs
+
+  @property
+  def compiled_variants(self) -> int:
+    return self.judge.compiled_variants + self.engine.compiled_variants
+
+  def warm_up(self, on_step: Callable[[], None] = lambda: None) -> None:
+    """The pass's length buckets and the engine's programs (a server compiles nothing),
+    `on_step()` after each."""
+    self.judge.warm_up(on_step)
+    self.engine.warm_up(on_step)
 
   def reasoning(self, prompts: Sequence[str]) -> list[str]:
     """Each judge prompt's greedy reasoning: the text before its `Final Judgement:` (or

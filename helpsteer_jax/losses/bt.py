@@ -15,10 +15,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from helpsteer_jax import choices
 from helpsteer_jax.data.batches import BT_BATCH
 from helpsteer_jax.data.records import ATTRIBUTES, CHOSEN, REJECTED
 
-BT_VARIANTS = ("regular_bt", "margin_bt", "scaled_bt")
+BT_VARIANTS = choices.BT_VARIANTS
 
 
 def bt_pair_losses(r_chosen: jax.Array, r_rejected: jax.Array, margin: jax.Array,

@@ -27,10 +27,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from helpsteer_jax import choices
 from helpsteer_jax.losses import dpo
 
-LOSS_TYPES = ("dpo2d", "dpo", "ipo", "dpo1d_segment", "dpo1d_aspect")
-SEQUENCE_LOSSES = ("dpo", "ipo")  # read whole responses' log-ratios, no segment scores
+LOSS_TYPES = choices.PREFERENCE_LOSSES
+SEQUENCE_LOSSES = choices.SEQUENCE_LOSSES  # read whole responses' log-ratios, no segment scores
 
 
 class PairInputs(NamedTuple):

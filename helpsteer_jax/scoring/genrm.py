@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from helpsteer_jax import choices
 from helpsteer_jax.data.records import Conversation
 from helpsteer_jax.data.template import DEFAULT_SYSTEM
 from helpsteer_jax.errors import ConfigError
@@ -32,7 +33,7 @@ from helpsteer_jax.judges.client import JudgeError, OpenAIJudge, served_models
 from helpsteer_jax.scoring import remote
 from helpsteer_jax.scoring.scorer import context_groups, reward_rows
 
-VERIFIER = "genrm_verifier"
+VERIFIER = choices.GENRM_VERIFIER  # its name as a scorer source
 Answer = Callable[[Sequence[str]], Sequence[str]]  # judge prompts -> answers
 
 

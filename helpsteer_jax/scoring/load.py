@@ -44,7 +44,7 @@ from typing import Any
 
 import ml_collections
 
-from helpsteer_jax import config_base, runtime, saved_params, weights
+from helpsteer_jax import choices, config_base, runtime, saved_params, weights
 from helpsteer_jax.config_reads import Reads
 from helpsteer_jax.config_sections import init_config
 from helpsteer_jax.data.features.regression_ids import RegressionTokenizer
@@ -59,13 +59,11 @@ from helpsteer_jax.scoring.model import ModelScorer
 from helpsteer_jax.scoring.principle_verifier import VERIFIER, PrincipleVerifier
 from helpsteer_jax.scoring.scorer import HostScorer, PrimaryScorer, Scorer
 
-JUDGE_KINDS = ("genrm", principle_judge.JUDGE)
+JUDGE_KINDS = tuple(choices.JUDGES)
 # What decodes a judge's answers on the mesh (the engine, a layer above this one: imported
 # by name when a run asks for it, as the model families are). genrm: (section, rt, key) ->
 # Scorer; principle's reasoning: (LocalJudge, model, rt, max_new_tokens) -> Scorer.
-JUDGES = LazyRegistry({
-    "genrm": "helpsteer_jax.inference.judge:load_genrm",
-    principle_judge.JUDGE: "helpsteer_jax.inference.principle_reasoning:ReasoningJudge"})
+JUDGES = LazyRegistry(choices.JUDGES)
 
 
 def is_factory(source: str) -> bool:

@@ -15,7 +15,7 @@ the sharding rules.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from flax import nnx
@@ -58,7 +58,33 @@ def pad_batch(seqs: Sequence[np.ndarray], rows: int, length: int) -> dict[str, n
   return {"tokens": tokens, "positions": positions, "segment_ids": segment_ids}
 
 
-class ModelScorer:
+class BucketedPass:
+  """The warm-up of a pass with one program per length bucket: `buckets`, batches of
+  `batch_size` rows, `params` through the `FrozenPass` `_pass`."""
+
+  buckets: tuple[int, ...]
+  batch_size: int
+  params: Any
+  _pass: frozen_pass.FrozenPass
+
+  @property
+  def warm_up_programs(self) -> int:
+    return len(self.buckets)
+
+  @property
+  def compiled_variants(self) -> int:
+    return self._pass.compiled_variants
+
+  def warm_up(self, on_step: Callable[[], None] = lambda: None) -> None:
+    """Compiles the program of every length bucket (a server then compiles nothing),
+    `on_step()` after each."""
+    for length in self.buckets:
+      frozen_pass.FrozenPass.fetch([self._pass.dispatch(
+          (self.params,), pad_batch([], self.batch_size, length))])
+      on_step()
+
+
+class ModelScorer(BucketedPass):
   """A `RewardModel` on the mesh: conversations (or token ids) -> [n, 9] float32."""
 
   def __init__(self, model: RewardModel, rt: Runtime, tok: RegressionTokenizer,
@@ -78,7 +104,7 @@ class ModelScorer:
         return nnx.merge(graphdef, params).score_last(
             batch["tokens"], batch["positions"], batch["segment_ids"])
 
-    self._score = frozen_pass.FrozenPass(score, rt.mesh,
+    self._pass = frozen_pass.FrozenPass(score, rt.mesh,
                              NamedSharding(rt.mesh, sharding_lib.batch_spec(rules)),
                              self.batch_size, (param_shardings,))
 
@@ -96,13 +122,8 @@ class ModelScorer:
         return b
     raise ValueError(f"a sequence of {length} tokens is longer than max_len {self.buckets[-1]}")
 
-  def warm_up(self) -> None:
-    """Compiles the program of every length bucket."""
-    for length in self.buckets:
-      self._run(pad_batch([], self.batch_size, length))
-
   def _run(self, batch: dict[str, np.ndarray]) -> sharding_lib.Pending:
-    return self._score.dispatch((self.params,), batch)
+    return self._pass.dispatch((self.params,), batch)
 
   def score_ids(self, seqs: Sequence[np.ndarray],
                 on_batch: Callable[[int], None] | None = None) -> np.ndarray:

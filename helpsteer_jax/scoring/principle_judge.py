@@ -45,7 +45,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from helpsteer_jax import frozen_pass
+from helpsteer_jax import choices, frozen_pass
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.data import template
 from helpsteer_jax.data.features.tokenize import tokenize_pieces
@@ -55,11 +55,11 @@ from helpsteer_jax.judges import principle
 from helpsteer_jax.models import builder
 from helpsteer_jax.models.reward import last_token_index
 from helpsteer_jax.runtime import Runtime
-from helpsteer_jax.scoring.model import length_batches, length_buckets, pad_batch
+from helpsteer_jax.scoring.model import BucketedPass, length_batches, length_buckets, pad_batch
 from helpsteer_jax.scoring.remote import API_KEY_ENV
 from helpsteer_jax.scoring.scorer import reward_rows
 
-JUDGE = "principle"  # scorer.judge
+JUDGE = choices.PRINCIPLE_JUDGE  # scorer.judge
 MISSING_REWARD = 0.0  # a served judge's reward when a verdict is not in its top 20
 
 
@@ -93,7 +93,7 @@ def judge_text(conv: Conversation, fallback: str, reasoning: str = "") -> str:
   return judge_prompt_text(conv, fallback) + continued(reasoning)
 
 
-class LocalJudge:
+class LocalJudge(BucketedPass):
   """A causal LM judge on the mesh: conversations -> [n, 9] reward rows (NaN: the input
   is longer than `max_len`)."""
 
@@ -134,12 +134,6 @@ class LocalJudge:
     """The judge's input ids for `text` (through its `Final Judgement:`), then the
     verdicts' shared leading ids."""
     return self.encode(text) + list(self.tokens.prefix)
-
-  def warm_up(self) -> None:
-    """Compiles the program of every length bucket (a server then compiles nothing)."""
-    for length in self.buckets:
-      frozen_pass.FrozenPass.fetch([self._pass.dispatch(
-          (self.params,), pad_batch([], self.batch_size, length))])
 
   def verdicts(self, texts: Sequence[str]) -> np.ndarray:
     """[n, 2] float64 (log p(yes), log p(no)) after each judge input `texts[i]`; NaN rows

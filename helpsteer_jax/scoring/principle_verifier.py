@@ -19,12 +19,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from helpsteer_jax import choices
 from helpsteer_jax.data.records import ANSWER_KEY, Conversation
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.judges import principle
 from helpsteer_jax.scoring.scorer import reward_rows
 
-VERIFIER = "principle_verifier"  # its name as a scorer source
+VERIFIER = choices.PRINCIPLE_VERIFIER  # its name as a scorer source
 
 
 class PrincipleVerifier:

@@ -6,10 +6,11 @@ from typing import Sequence
 
 import numpy as np
 
+from helpsteer_jax import choices
 from helpsteer_jax.data.demo import rows as demo_rows
 from helpsteer_jax.data.records import ATTRIBUTES, NUM_ATTRIBUTES, Conversation
 
-DEMO_RULES = "demo_rules"  # its name as a scorer source
+DEMO_RULES = choices.DEMO_RULES  # its name as a scorer source
 
 
 def _last_exchange(conv: Conversation) -> tuple[str, str]:

@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 import fastapi
 import numpy as np
 
+from helpsteer_jax import choices
 from helpsteer_jax.data import template
 from helpsteer_jax.data.records import Conversation
 from helpsteer_jax.scoring import rewards as rewards_lib
@@ -98,8 +99,9 @@ async def classify(request: fastapi.Request):
 def _attribute_model(state: state_lib.AppState) -> AttributeModel:
   if state.attribute_model is None:
     raise protocol.ApiError("this server has no attribute model: start it with"
-                            " --config.scorer.source=<attribute_model workdir>", 404,
-                            code="not_found")
+                            " --config.scorer.source=<attribute_model workdir> (or"
+                            f" {choices.DEMO_RULES}: the demo data's rules, no trained model)",
+                            404, code="not_found")
   return state.attribute_model
 
 

@@ -18,7 +18,7 @@ import pathlib
 import ml_collections
 from absl import logging
 
-from helpsteer_jax import processes, runtime, weights
+from helpsteer_jax import choices, processes, runtime, weights
 from helpsteer_jax.data.batches import BT_BATCH, REGRESSION_BATCH, BatchSchema
 from helpsteer_jax.data.features import regression_ids as rid
 from helpsteer_jax.data.features import rm as rm_data
@@ -43,7 +43,7 @@ from helpsteer_jax.train import state as state_lib
 
 RESUMES = True  # a rerun resumes the workdir's run (main.py checks its fingerprint)
 
-LOSSES = ("regression",) + BT_VARIANTS
+LOSSES = choices.ATTRIBUTE_LOSSES
 PAIR_FORMATS = ("auto", "helpsteer3")  # auto: HelpSteer2-Preference
 
 

@@ -1,4 +1,4 @@
-"""Online RL of a policy against the attribute model's reward (RLOO, GRPO, PPO).
+"""Online RL of a policy against the attribute model's reward (`choices.RL_ALGORITHMS`).
 
 Prompts come from `prompts.train_path` (a JSONL of `{"prompt", "attributes"?}`
 rows, HelpSteer2's rows included, or a text file), else the demo's prompt

@@ -1,9 +1,10 @@
 """Serving (an OpenAI-compatible HTTP server) for a SteerLM model.
 
-Loads the model as generate does, warms the engine up (every compiled shape),
-optionally loads the attribute model for /v1/rewards, and runs uvicorn on
-`serve.host:serve.port` until SIGTERM / Ctrl-C, which stops accepting
-connections, lets in-flight requests finish and exits 0.
+Loads the model as generate does, optionally loads the attribute model for
+/v1/rewards, warms both up (every compiled shape, under a progress bar of programs
+of the total), and runs uvicorn on `serve.host:serve.port`, which prints a "ready"
+line with the address once it listens, until SIGTERM / Ctrl-C, which stops
+accepting connections, lets in-flight requests finish and exits 0.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from absl import logging
 
 from helpsteer_jax import cpu_env
 from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.progress import Progress
 from helpsteer_jax.runs import setup as setup_lib
 from helpsteer_jax.serve import app as app_lib
 from helpsteer_jax.serve import backend, guard
@@ -71,6 +73,22 @@ def request_bytes(limit: int, max_length: int) -> int:
   return limit or max(1 << 20, 32 * max_length)
 
 
+def warm_up(parts: list) -> None:
+  """Runs the warm-up of `parts` (the engine, the attribute model: each with `warm_up`,
+  `warm_up_programs` and `compiled_variants`) under one progress bar on process 0:
+  programs compiled or read from the compilation cache, of the total they will run."""
+  def compiled() -> int:
+    return sum(part.compiled_variants for part in parts)
+
+  bar = Progress(total=sum(part.warm_up_programs for part in parts), initial=compiled(),
+                 desc="serve: warm-up", unit="program")
+  try:
+    for part in parts:
+      part.warm_up(lambda: bar.update_to(compiled()))
+  finally:
+    bar.close()
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if jax.process_count() > 1:
     raise ConfigError("serve runs in one process; shard a large model over that process's"
@@ -85,27 +103,33 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   attribute_model = backend.load_attribute_model(config, setup.rt)
   start = time.perf_counter()
   if config.serve.warmup:
-    policy.engine.warm_up()
-    if attribute_model is not None and hasattr(attribute_model.scorer, "warm_up"):
-      attribute_model.scorer.warm_up()  # every length bucket: no compile while serving
+    # Every length bucket of the scorer too: no compile while serving.
+    warm_up([policy.engine] + ([attribute_model.scorer] if attribute_model is not None
+                               and hasattr(attribute_model.scorer, "warm_up") else []))
   cpu_env.trim()  # what warm-up's loading and runs freed
   policy.engine.start()
   api = dataclasses.replace(api, max_request_bytes=request_bytes(
       config.serve.max_request_bytes, policy.engine.max_length))
   app = app_lib.create_app(policy, api, attribute_model, compiles)
   spent = compiles.snapshot()
-  print(f"serve: {api.model_name} warmed up in {time.perf_counter() - start:.1f}s"
-        f" ({spent.compiles} compiles, {spent.cache_hits} of them read from the compilation"
-        f" cache; {' + '.join(f'{s:.1f}s {k}' for k, s in spent.seconds.items())});"
-        f" API http://{config.serve.host}:{config.serve.port}/v1,"
-        f" playground http://{config.serve.host}:{config.serve.port}/", flush=True)
+  address = f"http://{config.serve.host}:{config.serve.port}"
+  ready = (f"serve: {api.model_name} ready: API {address}/v1, playground {address}/ (warmed"
+           f" up in {time.perf_counter() - start:.1f}s ({spent.compiles} compiles,"
+           f" {spent.cache_hits} of them read from the compilation cache;"
+           f" {' + '.join(f'{s:.1f}s {k}' for k, s in spent.seconds.items())}))")
   drain = config.serve.drain_seconds
   engine = policy.engine
 
   class Server(uvicorn.Server):
     """uvicorn's server, whose first exit signal also starts the drain timer: when it
     runs out, the engine ends what is left ("abort"), so every client still gets an
-    error (a stream's error event and `[DONE]`, or a 503) before connections close."""
+    error (a stream's error event and `[DONE]`, or a 503) before connections close; it
+    prints the ready line once it listens."""
+
+    async def startup(self, sockets=None):
+      await super().startup(sockets)
+      if self.started:  # listening: a client may connect now
+        print(ready, flush=True)
 
     def handle_exit(self, sig, frame):
       if not self.should_exit:
