@@ -195,15 +195,19 @@ def check(demo: Demo, result: dict) -> list[str]:
 
 
 def list_demos(demos: list[Demo], data: pathlib.Path) -> None:
+  total = 0.0
   for name in _closure(n for d in demos for n in d.prerequisites()):
     run = demo_registry.PREREQUISITES[name]
+    total += run.minutes
     print(f"{'(prerequisite) ' + name:<34} {run.minutes:5.0f} min  {run.lines()[-1]}")
   for demo in demos:
     minutes = sum(r.minutes for r in demo.runs)
+    total += minutes
     missing = _missing(demo, data)
     print(f"{demo.name:<34} {minutes:5.0f} min  {demo.doc}: "
           f"{', '.join(t.marker for t in demo.tables)}"
           + (f"  [skipped here: {missing}]" if missing else ""))
+  print(f"{'in all':<34} {total:5.0f} min  (estimates on a 2-core CPU)")
 
 
 def _select(only: str) -> list[Demo]:

@@ -101,11 +101,14 @@ def _head_bias_rows(out: Outputs) -> list[list[str]]:
 
 # ------------------------------------------------------------------- generative judges
 
-def judge_tables(prefix: str, run: str, iterations: int, eval_every: int,
-                 penalty: float) -> tuple[Table, Table]:
-  """A generative judge's demo (GenRM, principle RM) trained by RL: the rollouts' mean
-  reward per `eval_every` iterations, and the greedy evaluation's mean reward and
-  penalised answers (`penalty`: a parse failure's reward) at each evaluation."""
+def judge_tables(prefix: str, run: str, iterations: int, eval_every: int, penalty: float,
+                 failures: str = "parse failures") -> tuple[Table, Table]:
+  """A generative judge's demo trained by RL (the GenRM's; the principle judge's is
+  `judge_tables("principle-rm", <run>, 60, 10, -50.0, "answers without a verdict")`
+  over its guide's commands): the rollouts' mean reward per `eval_every` iterations
+  (`<prefix>-rollouts`), and at each evaluation the greedy answers' mean reward and how
+  many got `penalty`, the reward of an answer the verifier cannot read
+  (`<prefix>-held-out`)."""
   spans = [(i + 1, i + eval_every) for i in range(0, iterations, eval_every)]
   evals = range(0, iterations + 1, eval_every)
 
@@ -116,11 +119,11 @@ def judge_tables(prefix: str, run: str, iterations: int, eval_every: int,
 
   def held_out(out: Outputs) -> list[list[str]]:
     m = out.metrics(run)
-    failures = [sum(s["reward"] <= penalty for s in out.samples(run, i)) for i in evals]
+    counts = [sum(s["reward"] <= penalty for s in out.samples(run, i)) for i in evals]
     count = len(out.samples(run, 0))
     return [[f"greedy mean reward ({count} held-out prompts)"]
             + [f(m[i]["eval_reward"], 2) for i in evals],
-            ["parse failures"] + [str(n) for n in failures]]
+            [failures] + [str(n) for n in counts]]
 
   return (Table(f"{prefix}-rollouts", ("iterations", *(f"{a}-{b}" for a, b in spans)),
                 rollouts),

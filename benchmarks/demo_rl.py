@@ -84,11 +84,11 @@ def _join(*parts: str) -> str:
 
 
 def algorithm_rows(out: Outputs) -> list[list[str]]:
+  """A row per RL run (the default GRPO run, then the demo's own), named after it."""
   rows = []
-  for label, run in (("grpo (default)", "rl"), ("rloo", "rloo"), ("ppo", "ppo"),
-                     ("gspo", "gspo"), ("dapo", "dapo"),
-                     ("dapo without dynamic sampling", "dapo_without_dynamic_sampling")):
+  for run in (n for n in out.runs if n != "acsft"):
     r = RLRun(out, run)
+    label = "grpo (default)" if run == "rl" else run.replace("_", " ")
     rows.append([label, r.command(), str(r.summary["iteration"]), r.before(),
                  r.after_with_evals(), r.kl(),
                  f"{r.before('steer_distance', 2)} -> {r.after('steer_distance', 2)}",

@@ -114,6 +114,17 @@ def test_every_demo_table_is_marked_in_its_guide_with_the_registry_columns():
   assert len(set(runs)) == len(runs)
 
 
+def test_every_rl_algorithm_has_a_demo_row():
+  from helpsteer_jax.rl.algorithms import REGISTRY
+  demos = demo_registry.demos_by_name()
+  used = {}
+  for name in ("rl-algorithms", "rl-distill"):
+    for run in demos[name].runs + (demo_registry.PREREQUISITES["rl"],):
+      used.setdefault(name, set()).add(demo_runs.parse_cli(run.commands[-1]).config.algorithm)
+  assert used["rl-algorithms"] == set(REGISTRY) - {"distill"}
+  assert "distill" in used["rl-distill"]
+
+
 def _guide_text(path: pathlib.Path) -> str:
   """The guide with its shell continuations joined and its spaces collapsed."""
   return " ".join(path.read_text().replace("\\\n", "").split())
