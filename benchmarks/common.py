@@ -48,15 +48,36 @@ def median(xs: list[float]) -> float:
   return statistics.median(xs)
 
 
+def cpu_kind(cpuinfo: str | None = None) -> str:
+  """The vector extensions XLA:CPU compiles for, which decide the last bits of float
+  reductions: "AVX-512 (avx512f, avx512bw, ...)" with the flags /proc/cpuinfo lists,
+  else "AVX2", else the machine's architecture."""
+  if cpuinfo is None:
+    path = pathlib.Path("/proc/cpuinfo")
+    cpuinfo = path.read_text() if path.exists() else ""
+  flags: set[str] = set()
+  for line in cpuinfo.splitlines():
+    if line.startswith("flags"):
+      flags.update(line.split(":", 1)[1].split())
+  avx512 = sorted(f for f in flags if f.startswith("avx512"))
+  if avx512:
+    return f"AVX-512 ({', '.join(avx512)})"
+  return "AVX2" if "avx2" in flags else platform.machine()
+
+
 def machine() -> dict:
   import jax
-  import torch
+  try:
+    import torch
+  except ImportError:  # the demo figures need none
+    torch = None
   return {
       "cpu": platform.processor() or platform.machine(),
+      "cpu_kind": cpu_kind(),
       "cores": os.cpu_count(),
       "jax": jax.__version__,
-      "torch": torch.__version__,
-      "torch_threads": torch.get_num_threads(),
+      "torch": torch.__version__ if torch else None,
+      "torch_threads": torch.get_num_threads() if torch else None,
       "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
       "date": time.strftime("%Y-%m-%d"),
   }
@@ -70,17 +91,40 @@ def write_result(name: str, result: dict) -> pathlib.Path:
   return path
 
 
+def _marked(marker: str) -> re.Pattern:
+  return re.compile(rf"<!-- {re.escape(marker)} -->\n?(.*?)<!-- /{re.escape(marker)} -->", re.S)
+
+
 def update_doc_table(marker: str, header: list[str], rows: list[list[str]],
-                     doc: pathlib.Path = RESULTS_DOC) -> None:
-  """Replaces the table between `<!-- marker -->` and `<!-- /marker -->` in `doc`."""
+                     doc: pathlib.Path = RESULTS_DOC, caption: str = "") -> None:
+  """Replaces the table between `<!-- marker -->` and `<!-- /marker -->` in `doc`
+  (with a caption line before it when given)."""
   text = doc.read_text()
-  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  lines = ([caption, ""] if caption else []) + ["| " + " | ".join(header) + " |",
+                                                "|" + "---|" * len(header)]
   lines += ["| " + " | ".join(r) + " |" for r in rows]
   block = f"<!-- {marker} -->\n" + "\n".join(lines) + f"\n<!-- /{marker} -->"
-  pattern = re.compile(rf"<!-- {re.escape(marker)} -->.*?<!-- /{re.escape(marker)} -->", re.S)
+  pattern = _marked(marker)
   if not pattern.search(text):
-    raise SystemExit(f"{doc.relative_to(REPO)} has no <!-- {marker} --> section to update")
-  doc.write_text(pattern.sub(block, text))
+    name = doc.relative_to(REPO) if doc.is_relative_to(REPO) else doc
+    raise SystemExit(f"{name} has no <!-- {marker} --> section to update")
+  doc.write_text(pattern.sub(lambda _: block, text))
+
+
+def read_doc_table(marker: str, doc: pathlib.Path = RESULTS_DOC
+                   ) -> tuple[str, list[str], list[list[str]]] | None:
+  """(caption, header, rows) of the table between `doc`'s `marker` lines (the caption:
+  the text before the table, joined); None when `doc` has no such section."""
+  found = _marked(marker).search(doc.read_text())
+  if found is None:
+    return None
+  caption, table = [], []
+  for line in found.group(1).splitlines():
+    if line.startswith("|"):
+      table.append([c.strip() for c in line.strip().strip("|").split("|")])
+    elif line.strip() and not table:
+      caption.append(line.strip())
+  return " ".join(caption), (table[0] if table else []), table[2:]  # [1]: the |---| line
 
 
 class Worker:
