@@ -198,10 +198,12 @@ DEMOS: tuple[Demo, ...] = (
               timing=("wall",)),), uses=("rl",)),
     Demo("rl-off-policy", "docs/tasks/rl.md", (
         Run("off_policy", ("XLA_FLAGS=--xla_force_host_platform_device_count=8"
-                           f" {RL} --config.rollout.max_staleness=1 --config.mesh.data=1",),
+                           f" {RL} --config.rollout.max_staleness=1 --config.mesh.data=1"
+                           " --workdir=workdir/rl_off_policy",),
             needs=("acsft",), minutes=7),
         _rl("multi_turn", "--config.rollout.multi_turn=true"
-            " --config.prompts.train_path=data/mt_bench/question.jsonl --config.train.seq_len=512",
+            " --config.prompts.train_path=data/mt_bench/question.jsonl --config.train.seq_len=512"
+            " --workdir=workdir/rl_multi_turn",
             minutes=16, inputs={"data/mt_bench/question.jsonl": "mt_bench/question.jsonl"}),
     ), (Table("rl-off-policy", demo_rl.OFF_POLICY_HEADER, demo_rl.off_policy_rows,
               timing=("s / iteration",)),), uses=("rl",)),
