@@ -106,7 +106,7 @@ def parse_cli(command: str, values: Mapping[str, str] | None = None) -> Parsed |
   from absl import flags
   from ml_collections import config_flags
 
-  from helpsteer_jax import config_reads, task_configs, tasks
+  from helpsteer_jax import run_checks, task_configs
 
   _, argv = split_command(command)
   if not argv or argv[0] != CLI:
@@ -130,10 +130,8 @@ def parse_cli(command: str, values: Mapping[str, str] | None = None) -> Parsed |
   flags.DEFINE_string("workdir", None, "", flag_values=fv)
   fv(argv)
   config = fv.config
-  given = task_configs.given_keys(path, preset, config_flags.get_override_values(fv["config"]))
-  warnings = config_reads.check(config, given, tasks.config_reads(tasks.get_task(config.task)))
-  workdir = (fv["workdir"].value or config.get("workdir")
-             or task_configs.default_workdir(path, preset, config))
+  workdir, warnings = run_checks.before_run(
+      config, spec, config_flags.get_override_values(fv["config"]), fv["workdir"].value)
   return Parsed(config, workdir, tuple(warnings))
 
 

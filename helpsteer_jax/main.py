@@ -7,9 +7,7 @@ python -m helpsteer_jax.main --config=configs/<task>.py[:preset] ...  (the same)
 from __future__ import annotations
 
 import os
-import pathlib
 import sys
-from types import ModuleType
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -140,36 +138,20 @@ class _QuietLibraries:
     return not any(f"/{p.replace('.', '/')}/" in path for p in self.PREFIXES)
 
 
-def _run_checks(config, task: ModuleType) -> tuple[str, list[str]]:
-  """The workdir (`--workdir`, else the config's, else the task's default) and the
-  config's warnings; ConfigError for a given key the run will not read
-  (`config_reads`). Reads the config alone: the same on every process."""
-  from helpsteer_jax import config_reads, tasks
-  spec = _config_spec(sys.argv) or ""
-  path, preset = task_configs.split_spec(task_configs.resolve(spec))
-  from_file = pathlib.Path(path).is_file()
-  workdir = _WORKDIR.value or config.get("workdir") or (
-      task_configs.default_workdir(path, preset, config) if from_file
-      else f"{task_configs.DEFAULT_WORKDIR}/{config.task}")
-  if not from_file:
-    return workdir, []
-  overrides = config_flags.get_override_values(flags.FLAGS["config"])
-  given = task_configs.given_keys(path, preset, overrides)
-  return workdir, config_reads.check(config, given, tasks.config_reads(task))
-
-
 def main(argv: list[str]) -> None:
   logging.get_absl_handler().addFilter(_QuietLibraries())
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  from helpsteer_jax import tasks
+  from helpsteer_jax import run_checks, tasks
   config = _CONFIG.value
   if config is None:
     _fail("--config=<task>[:preset] is required (--help lists the tasks)")
   recorded = None
   try:
     task = tasks.get_task(config.task)
-    workdir, warnings = _run_checks(config, task)
+    workdir, warnings = run_checks.before_run(
+        config, _config_spec(sys.argv) or "",
+        config_flags.get_override_values(flags.FLAGS["config"]), _WORKDIR.value)
     if config.get("compile_only"):
       for line in warnings:
         logging.warning("%s", line)

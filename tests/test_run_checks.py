@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -319,3 +320,41 @@ def test_two_processes_refuse_another_run_alike(tmp_path):
     assert r.returncode == 2, r.stderr[-3000:]
     assert "algorithm: 'dapo' then, 'gspo' now" in r.stderr
   assert (workdir / run_fingerprint.FILE).read_text() == before
+
+
+def _guide_commands(text: str):
+  """The `helpsteer-jax` commands of a guide's bash blocks, continuations joined."""
+  for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+    for line in block.replace("\\\n", " ").splitlines():
+      line = line.split(" #")[0].strip()
+      if line.startswith("helpsteer-jax --config"):
+        yield line
+
+
+def test_the_guides_commands_never_share_a_workdir_with_other_settings():
+  """Run in order from one directory, every guide's commands that resume a workdir each
+  get their own run there: two commands with the same default (or given) workdir
+  define the same run (a longer one at most). Commands with placeholders the config
+  cannot take (`...`, `$VAR`) are left out."""
+  sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+  import demo_runs
+  from absl import flags
+  shared, checked = [], 0
+  for doc in sorted((REPO_ROOT / "docs").rglob("*.md")) + [REPO_ROOT / "README.md"]:
+    runs = {}
+    for command in _guide_commands(doc.read_text()):
+      try:
+        parsed = demo_runs.parse_cli(command, {})
+      except (ConfigError, flags.Error, AttributeError, KeyError, ValueError, TypeError,
+              OSError):
+        continue
+      if parsed is None or parsed.config.compile_only or not getattr(
+          tasks.get_task(parsed.config.task), "RESUMES", False):
+        continue
+      checked += 1
+      settings = run_fingerprint.fingerprint(parsed.config)
+      first = runs.setdefault(parsed.workdir, (settings, command))
+      if run_fingerprint.differences(first[0], settings):
+        shared.append(f"{doc.name}: {parsed.workdir}: {first[1]!r} then {command!r}")
+  assert not shared, "\n".join(shared)
+  assert checked >= 40, checked  # the guides' commands parse: the check is not empty
