@@ -126,6 +126,15 @@ def _parse_flags(argv: list[str]) -> list[str]:
     _fail(hint or str(e).strip("'\"").replace("\\n", "\n").replace("\\'", "'"))
 
 
+def _exit_for(summary) -> None:
+  """Ends a task whose run was preempted (checkpoint written, resumable) with its own exit
+  status, `runs.summary.PREEMPTED_EXIT`, once every process got here; else returns."""
+  from helpsteer_jax.runs import summary as summary_lib
+  status = summary_lib.exit_status(summary)
+  if status:
+    sys.exit(status)
+
+
 class _QuietLibraries:
   """Drops INFO records of chatty libraries (Orbax logs every save phase)."""
 
@@ -159,8 +168,9 @@ def main(argv: list[str]) -> None:
     logging.info("task=%s workdir=%s", config.task, workdir)
     from helpsteer_jax import compile_cache
     compile_cache.configure(config, workdir)
-    task.run(config, workdir)
+    summary = task.run(config, workdir)
     distributed.finish()
+    _exit_for(summary)
   except DataError as e:
     can_skip = "on_bad_record" in config.get("data", {})
     _fail(f"{e}\n(fix the record, or run with --config.data.on_bad_record=skip to skip"
