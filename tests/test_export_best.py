@@ -18,8 +18,15 @@ import pytest
 from flax import nnx
 from test_rl_task import _config as rl_config
 
+from helpsteer_jax.configs import rl as rl_configs
+from helpsteer_jax.data.records import ATTRIBUTES, Conversation, Turn
 from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.inference.steering import Request
+from helpsteer_jax.judges import genrm, principle
 from helpsteer_jax.models import hf
+from helpsteer_jax.rl import evaluation
+from helpsteer_jax.rl.rollout import Prompt, Rollouts
+from helpsteer_jax.scoring import rewards
 from helpsteer_jax.tasks import acsft
 from helpsteer_jax.tasks import rl as rl_task
 from helpsteer_jax.train import checkpoint as ckpt_lib
@@ -161,3 +168,47 @@ def test_rl_exports_its_best_greedy_evaluation_and_a_resumed_run_keeps_it(tmp_pa
   assert summary["export"]["step"] == _expected_best(evals, "min") == best
   assert _checkpoints(work) == [best, 5]
   _assert_same(_hf_params(work), _saved_params(work, best))
+
+
+def _rollouts(texts):
+  n = len(texts)
+  return Rollouts(prompts=[[1]] * n, k=1, tokens=np.zeros((n, 4), np.int32),
+                  mask=np.ones((n, 4), np.float32), sampler_logp=np.zeros((n, 4), np.float32),
+                  finished=np.array([True] * (n - 1) + [False]), texts=list(texts))
+
+
+def test_the_greedy_evaluation_reports_what_the_scorer_calls_for(tmp_path):
+  """An attribute model's run: the steering distance where steering is requested; a
+  judge's: the share of answers its verifier cannot parse, no steering distance. The
+  names `reported` gives (what train.export_best is checked against) are those
+  `evaluate` returns."""
+
+  good = genrm.answer(genrm.Judgement((4, 2), 2))
+  judged = {"genrm_verifier": ([good, "no boxes", good, good], 0.25),
+            "principle_verifier": ([f"Fine. {principle.JUDGEMENT} Yes", "none", "none",
+                                    f"{principle.JUDGEMENT} No"], 0.5)}
+  preds = np.zeros((4, 9), np.float32)
+  preds[:, ATTRIBUTES.index("verbosity")] = [1, 2, 3, 4]
+  weights = rewards.weight_vector({"verbosity": 1.0})
+  conv = Conversation("", (Turn("User", "q"),))
+
+  def run(texts, judge, asked):
+    prompts = [Prompt(Request("q", conv, dict(asked)), [1]) for _ in texts]
+    steering_on = evaluation.steering_requested(0.0, prompts)
+    out = evaluation.evaluate(
+        types.SimpleNamespace(pad_id=0), prompts, None, weights, ("verbosity",), 4,
+        tmp_path, 0, lambda *a, **k: (_rollouts(texts), preds, None), judge, steering_on)
+    assert tuple(out) == evaluation.reported(judge, steering_on)
+    assert out["reward"] == pytest.approx(2.5) and out["truncated"] == 0.25
+    return out
+
+  assert run(["a"] * 4, "", {"verbosity": 4})["steer_distance"] == pytest.approx(1.5)
+  assert "steer_distance" not in run(["a"] * 4, "", {})
+  section = rl_configs.get_config("genrm").scorer
+  for judge, (texts, share) in judged.items():
+    section.source = judge
+    assert evaluation.judge_of(section) == judge
+    out = run(texts, judge, {"verbosity": 4})  # the prompts' attributes do not matter
+    assert out["parse_failures"] == share and "steer_distance" not in out
+  section.judge = "genrm"  # a trained judge scoring a policy: not a judge in training
+  assert evaluation.judge_of(section) == ""
