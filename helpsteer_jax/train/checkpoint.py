@@ -101,37 +101,35 @@ class BestMetric:
   name: str
   mode: str
 
+  def score(self, metrics: Mapping[str, float] | None) -> float:
+    """How good eval `metrics` are, higher better: the metric signed by `mode`, -inf
+    without it (or NaN). Also Orbax's `best_fn`, which makes Orbax store the metrics."""
+    value = float((metrics or {}).get(self.name, math.nan))
+    return -math.inf if math.isnan(value) else value if self.mode == "max" else -value
+
   def best(self, evaluated: Sequence[tuple[int, Mapping[str, float] | None]]) -> Best | None:
     """The best of (step, eval metrics) pairs; a later step must be strictly better to
     win, steps without the metric (or NaN) never do; None when no step has it."""
-    sign = 1.0 if self.mode == "max" else -1.0
-    found = [(sign * float(m[self.name]), -step, step, float(m[self.name]))
-             for step, m in evaluated
-             if m and self.name in m and not math.isnan(float(m[self.name]))]
+    found = [(self.score(m), -step, step, m) for step, m in evaluated
+             if self.score(m) > -math.inf]
     if not found:
       return None
-    _, _, step, value = max(found)
-    return Best(step, self.name, value, self.mode)
-
-  def orbax_key(self, metrics: Mapping[str, float] | None) -> float:
-    """Orbax's `best_fn` (which makes it store the metrics): higher is better."""
-    if not metrics or self.name not in metrics or math.isnan(float(metrics[self.name])):
-      return -math.inf
-    return float(metrics[self.name]) * (1.0 if self.mode == "max" else -1.0)
+    _, _, step, metrics = max(found, key=lambda f: f[:2])
+    return Best(step, self.name, float(metrics[self.name]), self.mode)
 
 
 class _LatestAndBest:
-  """Orbax's preservation policy: the latest `keep` checkpoints (all with 0) and the best
-  evaluated one (`BestMetric.best`), whatever its age."""
+  """Orbax's preservation policy: what `max_to_keep=keep` keeps (its `LatestN`) and the
+  best evaluated checkpoint (`BestMetric.best`), whatever its age."""
 
   def __init__(self, keep: int, best: BestMetric):
-    self.keep, self.metric = keep, best
+    self.latest, self.metric = ocp.checkpoint_managers.LatestN(keep), best
 
   def should_preserve(self, checkpoints: Sequence[Any], *, context: Any = None) -> list[bool]:
-    first_kept = len(checkpoints) - self.keep if self.keep else 0
+    latest = self.latest.should_preserve(checkpoints, context=context)
     best = self.metric.best([(c.step, c.metrics) for c in checkpoints])
-    return [i >= first_kept or (best is not None and c.step == best.step)
-            for i, c in enumerate(checkpoints)]
+    return [bool(keep) or (best is not None and c.step == best.step)
+            for keep, c in zip(latest, checkpoints)]
 
 
 class Checkpointer:
@@ -150,7 +148,7 @@ class Checkpointer:
     self.best_metric = best
     policies = ocp.checkpoint_managers
     kept = (dict(max_to_keep=keep) if best is None else
-            dict(preservation_policy=_LatestAndBest(keep, best), best_fn=best.orbax_key))
+            dict(preservation_policy=_LatestAndBest(keep, best), best_fn=best.score))
     options = ocp.CheckpointManagerOptions(
         enable_async_checkpointing=async_save, create=True,
         save_decision_policy=policies.AnySavePolicy([
