@@ -95,7 +95,8 @@ def test_settings_that_cannot_work_fail_before_training(tmp_path):
                                         r" reports loss; set one of them"):
     make_trainer(config, tmp_path / "unknown", features, features[:8])
   config.train.export_best = "loss"
-  with pytest.raises(ConfigError, match="needs an evaluation, and this run has none"):
+  with pytest.raises(ConfigError, match="needs an evaluation, and this run has none: set"
+                                        " data.validation_path"):
     make_trainer(config, tmp_path / "no_eval", features)
   assert not (tmp_path / "unknown" / "checkpoints").exists()
 

@@ -193,7 +193,7 @@ class Trainer:
     best = run_loop.best_metric(self.tc)
     if best is not None:
       run_loop.check_reported(best, self._eval_metric_names() if self.eval_features else (),
-                              "" if self.eval_features else "give the task validation data")
+                              "" if self.eval_features else "set data.validation_path")
     self.checkpointer = ckpt_lib.Checkpointer(
         self.workdir / "checkpoints", self.tc.save_every, self.tc.keep_checkpoints,
         async_save=self.tc.async_checkpoint, best=best)
