@@ -42,12 +42,16 @@ def helpsteer2_weights() -> dict[str, float]:
 
 
 def train_config(**overrides: Any) -> ml_collections.ConfigDict:
-  """The `config.train` section (train/loop.py)."""
+  """The `config.train` section (train/loop.py, train/run_loop.py)."""
   section = ml_collections.ConfigDict(dict(
       num_steps=100, global_batch=8, micro_batch=8, seq_len=512,
       log_every=10, eval_every=50, eval_batches=0, save_every=50,
       keep_checkpoints=2, async_checkpoint=True, peak_flops=0.0,
       cpu_peak_gflops=190.0, export_hf=True, export_merged=False, export_dtype="bfloat16",
+      # An eval metric (e.g. "loss"; rl: "reward"): export the best evaluated step instead
+      # of the last, its checkpoint kept besides the latest keep_checkpoints; "" = the last
+      export_best="",
+      export_best_mode="",  # export_best's direction: "max" or "min" (which is better)
       loss_chunk_size=256, max_consecutive_nonfinite=8))
   section.update(overrides)
   return section

@@ -126,6 +126,15 @@ def _parse_flags(argv: list[str]) -> list[str]:
     _fail(hint or str(e).strip("'\"").replace("\\n", "\n").replace("\\'", "'"))
 
 
+def _exit_for(summary) -> None:
+  """Ends a task whose run was preempted (checkpoint written, resumable) with its own exit
+  status, `runs.summary.PREEMPTED_EXIT`, once every process got here; else returns."""
+  from helpsteer_jax.runs import summary as summary_lib
+  status = summary_lib.exit_status(summary)
+  if status:
+    sys.exit(status)
+
+
 class _QuietLibraries:
   """Drops INFO records of chatty libraries (Orbax logs every save phase)."""
 
@@ -169,8 +178,9 @@ def main(argv: list[str]) -> None:
       recorded = run_fingerprint.check_or_record(config, workdir)
     from helpsteer_jax import compile_cache
     compile_cache.configure(config, workdir)
-    task.run(config, workdir)
+    summary = task.run(config, workdir)
     distributed.finish()
+    _exit_for(summary)
   except DataError as e:
     if recorded is not None:
       recorded.undo_unused()

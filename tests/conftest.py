@@ -73,7 +73,8 @@ SLOW_FIRST = (
     # the version tier's longest (the fresh venv) and the main run's
     "test_packaging.py", "test_real_model.py", "test_serve.py", "test_acsft_preemption.py",
     "test_model.py", "test_lora_training.py", "test_steerlm2_task.py", "test_train_loop.py",
-    "test_iterative_dpo_task.py", "test_rl_resume.py", "test_family_tasks.py",
+    "test_iterative_dpo_task.py", "test_rl_resume.py", "test_rl_export_best.py",
+    "test_export_best.py", "test_family_tasks.py",
     "test_chat_template.py", "test_aot.py", "test_real_model_acsft.py", "test_decode.py",
     "test_generation.py", "test_fault_tolerance.py", "test_aot_tasks.py", "test_lora_tasks.py",
     "test_completions_dialect.py", "test_cli.py", "test_determinism.py", "test_engine.py",

@@ -1,6 +1,7 @@
-"""AC-SFT through the command line stopped by a signal: SIGTERM saves and exits 0 and the
-rerun continues (full fine-tuning and LoRA); a SIGKILL during asynchronous saves resumes
-from the last complete checkpoint.
+"""AC-SFT through the command line stopped by a signal: SIGTERM saves and exits with the
+preemption status (`runs.summary.PREEMPTED_EXIT`, not a finished run's 0) and the rerun
+continues (full fine-tuning and LoRA); a SIGKILL during asynchronous saves resumes from
+the last complete checkpoint.
 """
 
 import json
@@ -11,6 +12,8 @@ import sys
 import time
 
 import pytest
+
+from helpsteer_jax.runs.summary import PREEMPTED_EXIT
 
 from cli_utils import TINY_RUN, run_main
 from conftest import REPO_ROOT, xla_flags
@@ -24,7 +27,7 @@ def _metrics_steps(path):
 
 
 @pytest.mark.parametrize("lora", [(), ("--config.model.lora.rank=4",)], ids=["full", "lora"])
-def test_sigterm_saves_exits_zero_and_the_rerun_continues(tmp_path, lora):
+def test_sigterm_saves_exits_preempted_and_the_rerun_continues(tmp_path, lora):
   args = ["--config=configs/acsft.py", f"--workdir={tmp_path}", *TINY_RUN, *lora,
           "--config.data.demo_train_rows=200", "--config.data.demo_validation_rows=16",
           "--config.train.num_steps=400", "--config.train.save_every=1000"]
@@ -37,17 +40,21 @@ def test_sigterm_saves_exits_zero_and_the_rerun_continues(tmp_path, lora):
     time.sleep(0.5)
   assert proc.poll() is None, proc.communicate()[1][-3000:]
   proc.send_signal(signal.SIGTERM)
-  _, stderr = proc.communicate(timeout=300)
-  assert proc.returncode == 0, stderr[-3000:]
+  stdout, stderr = proc.communicate(timeout=300)
+  assert PREEMPTED_EXIT not in (0, 1, 2, 75)  # finished, an error, a user error, a lost peer
+  assert proc.returncode == PREEMPTED_EXIT, stderr[-3000:]
   summary = json.loads((tmp_path / "summary.json").read_text())
-  assert summary["status"] == "preempted"
+  assert summary["status"] == "preempted" and summary["export"] is None
   stopped = summary["step"]
+  assert (f"acsft: preempted at step {stopped}" in stdout and "rerun the same command to"
+          f" resume (exit status {PREEMPTED_EXIT})" in stdout), stdout
   assert 3 <= stopped < 400
   assert str(stopped) in os.listdir(tmp_path / "checkpoints")
   assert not (tmp_path / "hf").exists()  # no export from an unfinished run
   assert not (tmp_path / "adapter").exists()
 
-  run_main(*args[:-2], f"--config.train.num_steps={stopped + 2}")
+  finished = run_main(*args[:-2], f"--config.train.num_steps={stopped + 2}")
+  assert finished.returncode == 0
   steps = _metrics_steps(metrics)
   assert steps[-2:] == [stopped + 1, stopped + 2]
   assert json.loads((tmp_path / "summary.json").read_text())["status"] == "finished"

@@ -290,20 +290,38 @@ def test_a_local_judge_answers_greedily_on_the_engine(tiny):
 def test_the_genrm_preset_trains_on_helpsteer3_rows_through_the_rl_loop(hs3, tmp_path):
   """`rl:genrm` end to end on a tiny random policy: the HelpSteer3 rows as prompts, every
   answer checked by the verifier (a random policy's: parse failures), the references in
-  the samples. The demo's learning curve: docs/tasks/genrm.md."""
+  the samples; the run reports a judge's measures (the share of answers that do not
+  parse, the verifier reward), no steering distance, and exports its best evaluation.
+  The demo's learning curve: docs/tasks/genrm.md."""
   from cli_utils import run_main
   tok = demo_tokenizer.build_demo_tokenizer(tmp_path / "tok")
   write_rows(hs3, "preference", PREFERENCE[:2], "validation")
   workdir = tmp_path / "run"
-  run_main("--config=configs/rl.py:genrm", "--config.init.source=", f"--config.tokenizer={tok}",
-           "--config.model.hidden_size=64", "--config.model.intermediate_size=128",
-           "--config.model.num_layers=2", f"--config.prompts.train_path={hs3}",
-           "--config.train.num_steps=1", "--config.rollout.prompts_per_iteration=2",
-           "--config.rollout.max_new_tokens=8", "--config.train.global_batch=8",
-           "--config.train.micro_batch=8", "--config.train.seq_len=448",
-           "--config.train.export_hf=false", f"--workdir={workdir}", devices=1)
+  proc = run_main("--config=configs/rl.py:genrm", "--config.init.source=",
+                  f"--config.tokenizer={tok}", "--config.model.hidden_size=64",
+                  "--config.model.intermediate_size=128", "--config.model.num_layers=2",
+                  f"--config.prompts.train_path={hs3}", "--config.train.num_steps=1",
+                  "--config.rollout.prompts_per_iteration=2",
+                  "--config.rollout.max_new_tokens=8", "--config.train.global_batch=8",
+                  "--config.train.micro_batch=8", "--config.train.seq_len=448",
+                  "--config.train.export_dtype=float32", f"--workdir={workdir}", devices=1)
   metrics = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert [m["reward"] for m in metrics if "reward" in m] == [-100.0]
+  assert [m["parse_failures"] for m in metrics if "reward" in m] == [1.0]
+  assert [(m["step"], m["eval_parse_failures"]) for m in metrics
+          if "eval_reward" in m] == [(0, 1.0), (1, 1.0)]
+  assert not any("steer_distance" in k for m in metrics for k in m)
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["eval_parse_failures_before"] == summary["eval_parse_failures_after"] == 1.0
+  assert summary["eval_reward_before"] == summary["eval_reward_after"] == -100.0
+  assert not any("steer" in k for k in summary)
+  # Iterations 0 and 1 tie on the preset's export_best=reward (max): the earlier wins.
+  assert summary["export"] == {"step": 0, "chosen_by": "best eval reward (max)",
+                               "metric": "reward", "value": -100.0, "mode": "max"}
+  assert ("greedy verifier reward on 2 held-out prompts -100.000 (iteration 0) -> -100.000"
+          " (iteration 1); unparsed answers 100.0% -> 100.0%") in proc.stdout
+  assert "steering distance" not in proc.stdout
+  assert "exported iteration 0, the best eval reward (max) -100.0000" in proc.stdout
   samples = [json.loads(line) for line in
              (workdir / "samples" / "iteration_000001.jsonl").read_text().splitlines()]
   assert [s["reference"] for s in samples] == [{"scores": [None, None], "ranking": 2},

@@ -4,7 +4,9 @@ each answer is checked against its prompt's reference by the `genrm_verifier` sc
 (each process its share), and the samples, rewards and metrics equal the one-process
 run's. A random policy does not answer in the judge's format, so every reward is the
 verifier's parse failure: the test checks the path and its agreement, not learning
-(the demo in docs/tasks/genrm.md shows the reward rising).
+(the demo in docs/tasks/genrm.md shows the reward rising). Both export the best greedy
+evaluation (`train.export_best`: all tie, so iteration 0, the starting policy, restored
+from its checkpoint by both processes) and report the same parse failures.
 
 The harness: tests/task_groups.py.
 """
@@ -32,8 +34,11 @@ def _args(task_inputs, data, workdir) -> tuple[str, ...]:
                     "--config.train.seq_len=448", "--config.rollout.max_new_tokens=16",
                     "--config.scorer.weights.helpfulness=1",
                     "--config.scorer.weights.correctness=0",
-                    "--config.scorer.weights.coherence=0")
-  return tuple(a for a in base if not a.startswith("--config.scorer.source=fake"))
+                    "--config.scorer.weights.coherence=0", "--config.train.eval_every=1",
+                    "--config.train.export_best=reward", "--config.train.export_best_mode=max",
+                    "--config.train.keep_checkpoints=1", "--config.train.export_dtype=float32")
+  return tuple(a for a in base if not a.startswith(("--config.scorer.source=fake",
+                                                    "--config.train.export_hf=")))
 
 
 def test_genrm_rl_two_processes_train_as_one(task_inputs, tmp_path):
@@ -54,4 +59,13 @@ def test_genrm_rl_two_processes_train_as_one(task_inputs, tmp_path):
   one, two = metrics(tmp_path / "single"), metrics(tmp_path / "w")
   assert [sorted(r) for r in one] == [sorted(r) for r in two]
   assert [r["reward"] for r in two if "reward" in r] == [-100.0, -100.0]
-  tg.assert_same_metrics(one, two, EXACT)
+  tg.assert_same_metrics(one, two, EXACT + ("parse_failures", "eval_parse_failures"))
+  assert [r["eval_parse_failures"] for r in two if "eval_reward" in r] == [1.0, 1.0, 1.0]
+  summaries = [json.loads((tmp_path / w / "summary.json").read_text()) for w in ("single", "w")]
+  assert summaries[0]["export"] == summaries[1]["export"] == {
+      "step": 0, "chosen_by": "best eval reward (max)", "metric": "reward", "value": -100.0,
+      "mode": "max"}
+  for w in ("single", "w"):
+    assert sorted(p.name for p in (tmp_path / w / "checkpoints").iterdir()
+                  if p.name.isdigit()) == ["0", "2"]
+    assert (tmp_path / w / "hf" / "config.json").is_file()

@@ -1,6 +1,7 @@
 """Preemption on some hosts: a SIGTERM to one process, or to both at different steps,
-stops both at one step with one checkpoint, and the rerun (on the same processes, or on
-one process of eight devices) resumes to the uninterrupted run's losses.
+stops both at one step with one checkpoint, each exiting with the preemption status
+(`runs.summary.PREEMPTED_EXIT`), and the rerun (on the same processes, or on one process
+of eight devices) resumes to the uninterrupted run's losses.
 
 The runs and their reference: tests/training_groups.py.
 """
@@ -10,6 +11,8 @@ import signal
 
 import numpy as np
 import pytest
+
+from helpsteer_jax.runs.summary import PREEMPTED_EXIT
 
 import training_groups as tr
 from cli_utils import run_main
@@ -25,9 +28,10 @@ def uninterrupted(uninterrupted_training_group) -> dict[int, float]:
 
 
 def _preempted(workdir, results) -> int:
-  """Both processes exited 0 having stopped at one step, with one complete checkpoint of it."""
+  """Both processes exited with the preemption status having stopped at one step, with one
+  complete checkpoint of it."""
   for i, r in enumerate(results):
-    assert r.returncode == 0, f"process {i}:\n{r.stderr[-4000:]}"
+    assert r.returncode == PREEMPTED_EXIT, f"process {i}:\n{r.stderr[-4000:]}"
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["status"] == "preempted"
   step = summary["step"]

@@ -142,6 +142,12 @@ def test_rl_principle_runs_end_to_end(tmp_path):
   assert all(r["reward"] == principle.PENALTY for r in train)
   samples = (tmp_path / "run" / "samples" / "iteration_000002.jsonl").read_text().splitlines()
   assert len(samples) == 2 and json.loads(samples[0])["reward"] == principle.PENALTY
+  # A judge's measures: no answer has a verdict; no steering distance.
+  assert [r["parse_failures"] for r in train] == [1.0, 1.0]
+  assert summary["eval_parse_failures_before"] == summary["eval_parse_failures_after"] == 1.0
+  assert summary["eval_reward_after"] == principle.PENALTY
+  assert not any("steer" in k for r in rows for k in r) and not any("steer" in k
+                                                                     for k in summary)
 
 
 def test_the_verifier_needs_on_policy_single_turn_rollouts(tmp_path):

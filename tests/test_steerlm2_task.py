@@ -86,6 +86,7 @@ def test_two_iterations_write_nemo_files_and_resume_to_the_same_ones(tmp_path):
     ("loss.attribute_sigma", 0.0, "attribute_sigma"),
     ("prompts.attributes", "given", "labels or run"),
     ("iterations", 0, "at least 1"),
+    ("train.export_best", "loss", "a round trains without evaluation data"),
 ])
 def test_bad_settings_fail_before_loading(tmp_path, key, value, match):
   with pytest.raises(ConfigError, match=match):

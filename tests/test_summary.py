@@ -18,3 +18,9 @@ def test_eval_metrics_text_is_empty_without_metrics():
   assert summary.metrics_text({}) == ""
   assert summary.metrics_text({"loss": 1.5, "accuracy": 0.25}) == (
       "; eval loss 1.5000, accuracy 0.2500")
+
+
+def test_only_a_preempted_run_exits_with_the_preemption_status():
+  assert summary.exit_status({"status": "preempted"}) == summary.PREEMPTED_EXIT == 3
+  for finished in ({"status": "finished"}, {"status": "stopped"}, {"mode": "chat"}, None):
+    assert summary.exit_status(finished) == 0

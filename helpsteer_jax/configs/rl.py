@@ -223,6 +223,9 @@ def _genrm(config, big: bool):
   config.reward.normalize = "none"
   config.reward.steer_coef = 0.0
   config.prompts.update(format="genrm", sample_attributes="")
+  # The export is the best greedy verifier reward on the held-out prompts, not the last
+  # iteration's: a small judge's reward can fall back when a few answers break the format.
+  config.train.update(export_best="reward", export_best_mode="max")
   if big:  # long prompts (two responses, guidelines) and answers (analyses, then boxes);
     # no KL term, so no reference is held beside the policy
     config.rollout.update(max_new_tokens=2048, samples_per_prompt=8, prompts_per_iteration=16)

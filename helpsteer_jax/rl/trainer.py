@@ -120,9 +120,12 @@ class RLTrainer:
     self.tx, self.schedule = optim.make_optimizer(config.optimizer,
                                                   self.tc.num_steps * settings.updates)
     self.host = HostState()
+    self.judge = evaluation.judge_of(config.scorer)
+    self.best = run_loop.best_metric(self.tc)
     self.checkpointer = ckpt_lib.Checkpointer(
         self.workdir / "checkpoints", self.tc.save_every, self.tc.keep_checkpoints,
-        async_save=self.tc.async_checkpoint, extra_items=("critic",) if critic else ())
+        async_save=self.tc.async_checkpoint, extra_items=("critic",) if critic else (),
+        best=self.best)
     self.state, self.state_shardings = state_lib.create_train_state(
         self.tx, parts, rt.mesh, config.seed)
     self.critic = None if critic is None else critic_lib.Critic(
@@ -322,7 +325,10 @@ class RLTrainer:
       metrics.update(sampler_correction.metrics(
           old_logp, r.sampler_logp, mask, weights if s.sampler_correction else None,
           s.sampler_correction or "token_truncate"))
-    if s.steer_coef or any(requested):
+    if self.judge:  # a judge's own measure; its reward slot holds no attribute values
+      metrics["parse_failures"] = evaluation.parse_failures(self.judge,
+                                                            evaluation.final_answers(r))
+    elif s.steer_coef or any(requested):
       metrics["steer_distance"] = float(np.mean(rewards.steering_distance(
           preds, requested, s.steer_attributes)))
     return metrics
@@ -367,11 +373,15 @@ class RLTrainer:
 
   # -- evaluation ------------------------------------------------------------------
 
+  def steering_on(self) -> bool:
+    return evaluation.steering_requested(self.s.steer_coef, self.eval_prompts)
+
   def evaluate(self, iteration: int, max_new_tokens: int) -> dict[str, float]:
     """`rl.evaluation.evaluate` of the current policy on the eval prompts."""
     return evaluation.evaluate(self.engine, self.eval_prompts, self.scorer, self.weights,
                                self.s.steer_attributes, max_new_tokens, self.workdir,
-                               iteration, self.sample_and_score())
+                               iteration, self.sample_and_score(), self.judge,
+                               self.steering_on())
 
   # -- the loop ----------------------------------------------------------------------
 
@@ -379,6 +389,9 @@ class RLTrainer:
     """Iterations to `train.num_steps` (or `stop_at`) on the shared loop
     (`train.run_loop`): greedy evals at iteration 0, every `train.eval_every` and at
     the end; a checkpoint per iteration."""
+    run_loop.check_reported(
+        self.best, evaluation.reported(self.judge, self.steering_on()),
+        "" if self.eval_prompts else "give eval prompts (prompts.eval_path, prompts.eval_limit)")
     done: dict[str, float] = {}
 
     def step(it: int) -> None:
@@ -392,16 +405,22 @@ class RLTrainer:
 
     hooks = run_loop.Hooks(
         step=step, logged=logged,
-        save=lambda it, preempted: self.checkpointer.save(it, self.state, self.host,
-                                                          preempted=preempted,
-                                                          extra=self._extra()),
-        save_final=lambda it: self.checkpointer.save_final(it, self.state, self.host,
-                                                           extra=self._extra()),
+        save=lambda it, preempted, evals: self.checkpointer.save(
+            it, self.state, self.host, preempted=preempted, extra=self._extra(),
+            metrics=evals),
+        save_final=lambda it, evals: self.checkpointer.save_final(
+            it, self.state, self.host, extra=self._extra(), metrics=evals),
         wait=self.checkpointer.wait,
         evaluate=lambda it: self.evaluate(it, self.s.max_new_tokens), initial_eval=True,
         export=(None if self.export_fn is None
-                else lambda: self.export_fn(self.state.params)))
+                else lambda it: self.export_fn(self.params_at(it))),
+        best=self.checkpointer.best)
     return run_loop.run_steps(self.config, self.workdir, self.iteration, hooks, stop_at)
+
+  def params_at(self, iteration: int | None) -> dict:
+    """The policy's trained params now (`iteration` None) or in checkpoint `iteration`."""
+    return self.checkpointer.params_at(iteration, self.iteration, self.state.params,
+                                       self.state_shardings.params)
 
   def _extra(self) -> dict | None:
     return {"critic": self.critic.state} if self.critic is not None else None

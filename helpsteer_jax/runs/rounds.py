@@ -71,6 +71,11 @@ def check(config: ml_collections.ConfigDict) -> None:
                       " last round's weights): set model.lora.rank=0")
   if config.iterations < 1:
     raise ConfigError(f"iterations={config.iterations}: give at least 1")
+  if config.train.export_best:
+    raise ConfigError(f"train.export_best={config.train.export_best!r}: a round trains"
+                      " without evaluation data and the next round starts from its last"
+                      " step; set train.export_best=\"\" (the rounds' own evaluations"
+                      " compare them)")
 
 
 def generator(model: nnx.Module, rt: runtime.Runtime, tokenizer, config: ml_collections.ConfigDict,

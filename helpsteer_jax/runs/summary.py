@@ -1,4 +1,13 @@
-"""What a task reports when it ends: its JSON summary and the lines it prints."""
+"""What a task reports when it ends: its JSON summary, the lines it prints and its exit
+status.
+
+Every task that trains (and can be preempted) writes `status` in summary.json:
+`finished`, `stopped` (at a `stop_at` before `train.num_steps`) or `preempted` (a SIGTERM
+or a pod's preemption notice: a checkpoint of the step every process stopped at, the
+rerun resumes there). The command then exits 0, or `PREEMPTED_EXIT` for `preempted`, so
+that a scheduler can tell "stopped, resumable: requeue" from "done" (launch/ requeues on
+it; docs/operations.md).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +20,12 @@ import ml_collections
 import numpy as np
 
 from helpsteer_jax import processes
+
+# The exit status of a run stopped by preemption with its checkpoint written: resumable.
+# Not 0 (a finished run), 1 (an uncaught error), 2 (a user error) or 75 (a lost peer,
+# distributed.PEER_LOST_EXIT), nor a signal's 128 + n.
+PREEMPTED_EXIT = 3
+PREEMPTED = "preempted"
 
 
 def _plain(x):
@@ -60,14 +75,37 @@ def metrics_text(metrics: Mapping[str, float], prefix: str = "eval") -> str:
   return f"; {prefix} " + ", ".join(f"{k} {float(v):.4f}" for k, v in metrics.items())
 
 
+def exit_status(summary) -> int:
+  """The command's exit status for a task's returned summary: `PREEMPTED_EXIT` when its
+  status is `preempted`, else 0."""
+  status = summary.get("status") if isinstance(summary, Mapping) else None
+  return PREEMPTED_EXIT if status == PREEMPTED else 0
+
+
+def export_field(result) -> dict | None:
+  """summary.json's `export`: the step the HF export holds and why (None: no export)."""
+  return None if result.exported is None else result.exported.as_dict()
+
+
+def outcome_text(result, unit: str = "step") -> str:
+  """What a training task's first line adds about its outcome: the step the export
+  holds and why, or how to resume a preempted run ("" otherwise)."""
+  if result.status == PREEMPTED:
+    return (f"; preempted: rerun the same command to resume (exit status"
+            f" {PREEMPTED_EXIT})")
+  return "" if result.exported is None else f"; exported {result.exported.text(unit)}"
+
+
 def training_summary(result, **extra) -> dict:
   """The fields every training task's summary.json starts with."""
   return {"status": result.status, "step": result.step, "train": result.last_metrics,
-          "eval": result.eval_metrics, **extra}
+          "eval": result.eval_metrics, "export": export_field(result), **extra}
 
 
 def result_line(config: ml_collections.ConfigDict, result, task: str = "",
                 loss: str = "loss") -> str:
-  """`task: finished at step N; loss X`, the first line a training task prints."""
+  """`task: finished at step N; loss X` and the outcome (`outcome_text`), the first line a
+  training task prints."""
   value = result.last_metrics.get("loss", float("nan"))
-  return f"{task or config.task}: {result.status} at step {result.step}; {loss} {value:.4f}"
+  return (f"{task or config.task}: {result.status} at step {result.step}; {loss}"
+          f" {value:.4f}{outcome_text(result)}")

@@ -173,7 +173,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                    reward_hf.save_reward_hf))
   result = trainer.run()
   trainer.close()
-  params = trainer.state.params
+  # The model the export holds (the best evaluated step with train.export_best)
+  params = trainer.params_at(result.exported.step if result.exported else None)
   if processes.is_primary():
     reward_model.save_head(workdir / reward_model.HEAD_FILE, params["head"])
   trained = state_lib.merge_model(parts, params)

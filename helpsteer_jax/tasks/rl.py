@@ -163,25 +163,18 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   trainer.close()
 
   records = report.read_metrics(workdir)
-  evals = report.eval_rewards(records)
-  distances = report.eval_rewards(records, "steer_distance")
-  before = evals.get(0, float("nan"))
-  after = evals.get(max(evals), float("nan")) if evals else float("nan")
   plot = report.plot_curves(workdir)
   summary = {"status": result.status, "iteration": result.step,
              "algorithm": s.algorithm.name, "train": result.last_metrics,
-             "eval_reward_before": before, "eval_reward_after": after,
-             "eval_steer_distance_before": distances.get(0, float("nan")),
-             "eval_steer_distance_after": (distances.get(max(distances), float("nan"))
-                                           if distances else float("nan")),
-             "eval": result.eval_history, "plot": str(plot) if plot else None}
-  resume = ("; preempted: rerun the same command to resume" if result.status == "preempted"
-            else "")
+             **report.first_and_last(records),
+             "eval": result.eval_history, "export": summary_lib.export_field(result),
+             "plot": str(plot) if plot else None}
   summary_lib.write_summary(
       workdir / "summary.json", summary,
       f"rl: {result.status} at iteration {result.step} ({s.algorithm.name});"
       f" {report.progress_line(records, len(trainer.eval_prompts))}; KL"
-      f" {result.last_metrics.get('kl', float('nan')):.3f}{resume}",
+      f" {result.last_metrics.get('kl', float('nan')):.3f}"
+      f"{summary_lib.outcome_text(result, 'iteration')}",
       outputs={"curves": workdir / "rl_curves.png", "samples": workdir / "samples",
                **summary_lib.run_outputs(workdir)})
   return summary

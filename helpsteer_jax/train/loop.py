@@ -190,9 +190,13 @@ class Trainer:
 
     self.batch_sharding = step_batch_sharding(rt)
     self.eval_batch_sharding = NamedSharding(rt.mesh, sharding_lib.batch_spec(rt.rules))
+    best = run_loop.best_metric(self.tc)
+    if best is not None:
+      run_loop.check_reported(best, self._eval_metric_names() if self.eval_features else (),
+                              "" if self.eval_features else "set data.validation_path")
     self.checkpointer = ckpt_lib.Checkpointer(
         self.workdir / "checkpoints", self.tc.save_every, self.tc.keep_checkpoints,
-        async_save=self.tc.async_checkpoint)
+        async_save=self.tc.async_checkpoint, best=best)
     self.state, self.state_shardings = self._initial_state()
     state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.state))
     runtime.check_free_space(self.workdir, state_bytes, "one checkpoint of the train state")
@@ -212,21 +216,29 @@ class Trainer:
       logging.info("resuming at step %d", int(state.step))
     return state, shardings
 
+  def _eval_sums(self, params, batch, base, *frozen) -> dict[str, jax.Array]:
+    """The eval step: a batch's summed loss and metrics (`weight` the normaliser)."""
+    with sharding_lib.axis_rules(self.rt.rules):
+      loss, aux = self.loss_fn(state_lib.merge_model(self.parts, params, base), batch, *frozen)
+      return {"loss": loss, **aux}
+
+  def _eval_metric_names(self) -> list[str]:
+    """What `evaluate` reports, from the eval step traced on the first eval batch."""
+    batch = next(iter(pipeline.evaluation_batches(
+        self.eval_features, pipeline_config(self.config, self.tc.micro_batch))))
+    with jax.set_mesh(self.rt.mesh):
+      sums = jax.eval_shape(self._eval_sums, self.parts.params, batch, *self.frozen)
+    return [name for name in sums if name != "weight"]
+
   def _compile(self) -> None:
     parts, loss_fn, rules = self.parts, self.loss_fn, self.rt.rules
     train_step = make_train_step(parts, loss_fn, self.tx, self.schedule, rules, self.accum)
-
-    def eval_step(params, batch, base, *frozen):
-      with sharding_lib.axis_rules(rules):
-        loss, aux = loss_fn(state_lib.merge_model(parts, params, base), batch, *frozen)
-        return {"loss": loss, **aux}
-
     self.train_step = jit_train_step(train_step, self.rt, self.state_shardings, self.batch_sharding,
                                      self._frozen_shardings)
     with jax.set_mesh(self.rt.mesh):
-      self.eval_step = jax.jit(eval_step, in_shardings=(self.state_shardings.params,
-                                                        self.eval_batch_sharding,
-                                                        *self._frozen_shardings))
+      self.eval_step = jax.jit(self._eval_sums, in_shardings=(self.state_shardings.params,
+                                                              self.eval_batch_sharding,
+                                                              *self._frozen_shardings))
 
   # -- data ------------------------------------------------------------------
 
@@ -289,14 +301,22 @@ class Trainer:
 
     hooks = run_loop.Hooks(
         step=step, logged=logged,
-        save=lambda i, preempted: self.checkpointer.save(i, self.state, self.train_iter,
-                                                         preempted=preempted),
-        save_final=lambda i: self.checkpointer.save_final(i, self.state, self.train_iter),
+        save=lambda i, preempted, evals: self.checkpointer.save(
+            i, self.state, self.train_iter, preempted=preempted, metrics=evals),
+        save_final=lambda i, evals: self.checkpointer.save_final(i, self.state, self.train_iter,
+                                                                 metrics=evals),
         wait=self.checkpointer.wait, evaluate=lambda _: self.evaluate(),
         export=(None if self.export_fn is None
-                else lambda: self.export_fn(self.state.params)))
+                else lambda i: self.export_fn(self.params_at(i))),
+        best=self.checkpointer.best)
     return run_loop.run_steps(self.config, self.workdir, int(jax.device_get(self.state.step)),
                               hooks, stop_at)
+
+  def params_at(self, step: int | None) -> dict:
+    """The trained params of the current state (`step` None) or of checkpoint `step`
+    (e.g. `RunResult.exported.step`)."""
+    return self.checkpointer.params_at(step, int(jax.device_get(self.state.step)),
+                                       self.state.params, self.state_shardings.params)
 
   def close(self) -> None:
     self.checkpointer.close()
