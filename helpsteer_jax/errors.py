@@ -16,12 +16,16 @@ class TrainingError(HelpsteerError, RuntimeError):
 
 
 class DataError(HelpsteerError, ValueError):
-  """A malformed input record; names the file and line."""
+  """A malformed input record; names the file and line. `skippable`: one record is bad
+  and its reader would skip it with `on_bad_record="skip"` (False: the file itself is
+  unreadable, or its reader cannot skip), so that the CLI offers the skip only where it
+  works."""
 
-  def __init__(self, path: str, line: int | None, reason: str):
+  def __init__(self, path: str, line: int | None, reason: str, skippable: bool = False):
     self.path, self.line, self.reason = str(path), line, reason
+    self.skippable = bool(skippable)
     where = f"{self.path}:{line}" if line is not None else self.path
     super().__init__(f"{where}: {reason}")
 
   def __reduce__(self):
-    return (type(self), (self.path, self.line, self.reason))
+    return (type(self), (self.path, self.line, self.reason, self.skippable))

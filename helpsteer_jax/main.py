@@ -162,7 +162,7 @@ def main(argv: list[str]) -> None:
     task.run(config, workdir)
     distributed.finish()
   except DataError as e:
-    can_skip = "on_bad_record" in config.get("data", {})
+    can_skip = e.skippable and "on_bad_record" in config.get("data", {})
     _fail(f"{e}\n(fix the record, or run with --config.data.on_bad_record=skip to skip"
           " bad records and have them counted and reported at the end)" if can_skip else str(e))
   except HelpsteerError as e:

@@ -22,6 +22,7 @@ from absl import logging
 from helpsteer_jax import runtime
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.data.batches import ROLLOUT_BATCH
+from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import generator, steering
 from helpsteer_jax.models import builder
@@ -122,6 +123,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     raise ConfigError(f"scorer.source={PRINCIPLE_VERIFIER} reads each rollout's own"
                       " log-probabilities of its verdict: set rollout.max_staleness=0 and"
                       " rollout.multi_turn=false")
+  # The prompts before any weights load: a bad row or none that fits fails at once.
+  bad = BadRecordReport()
+  read = functools.partial(prompts_lib.read_prompts, config, attributes, tokenizer,
+                           config.rollout.add_bos, config.train.seq_len - s.max_new_tokens,
+                           multi_turn=s.max_new_tokens if s.multi_turn else 0, report=bad)
+  train_prompts, eval_prompts = read("train"), read("eval")
   scorer = load_scorer(config.scorer, rt, tokenizer=tokenizer)
   weights = scoring_rewards.weight_vector(config.scorer.weights.to_dict())
   parts, fresh_adapters = policy.load_policy(config, rt)
@@ -143,13 +150,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       micro_batch=config.train.micro_batch, chunk_size=config.train.loss_chunk_size,
       temperature=s.temperature, pad_id=int(pad))
   trainer = RLTrainer(
-      config, workdir, rt, parts, s, make_engine, scorer, weights, [], [], reference,
+      config, workdir, rt, parts, s, make_engine, scorer, weights, train_prompts,
+      eval_prompts, reference,
       export.hf_exporter(workdir, setup.tokenizer_dir, tokenizer, parts, config, spec,
                          "RL-trained policy"), critic, teacher, ahead)
-  max_prompt = config.train.seq_len - s.max_new_tokens
-  read = functools.partial(prompts_lib.read_prompts, config, attributes, tokenizer, ro.add_bos,
-                           max_prompt, multi_turn=s.max_new_tokens if s.multi_turn else 0)
-  trainer.train_prompts, trainer.eval_prompts = read("train"), read("eval")
   logging.info("rl: %s, %d training prompts, %d eval prompts, attributes %s", s.algorithm.name,
                len(trainer.train_prompts), len(trainer.eval_prompts), attributes or "none")
   result = trainer.run()
@@ -167,7 +171,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
              "eval_steer_distance_before": distances.get(0, float("nan")),
              "eval_steer_distance_after": (distances.get(max(distances), float("nan"))
                                            if distances else float("nan")),
-             "eval": result.eval_history, "plot": str(plot) if plot else None}
+             "eval": result.eval_history, "plot": str(plot) if plot else None,
+             "bad_records": bad.total}
   resume = ("; preempted: rerun the same command to resume" if result.status == "preempted"
             else "")
   summary_lib.write_summary(
@@ -175,6 +180,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       f"rl: {result.status} at iteration {result.step} ({s.algorithm.name});"
       f" {report.progress_line(records, len(trainer.eval_prompts))}; KL"
       f" {result.last_metrics.get('kl', float('nan')):.3f}{resume}",
+      *summary_lib.skipped_lines(bad),
       outputs={"curves": workdir / "rl_curves.png", "samples": workdir / "samples",
                **summary_lib.run_outputs(workdir)})
   return summary
