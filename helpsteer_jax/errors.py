@@ -15,6 +15,11 @@ class TrainingError(HelpsteerError, RuntimeError):
   """Training cannot go on (e.g. a run of non-finite losses); says where and why."""
 
 
+class EvaluationError(HelpsteerError, RuntimeError):
+  """An evaluation that measured nothing (every response unscored); says why and what to
+  change."""
+
+
 class DataError(HelpsteerError, ValueError):
   """A malformed input record; names the file and line. `skippable`: one record is bad
   and its reader would skip it with `on_bad_record="skip"` (False: the file itself is

@@ -96,3 +96,14 @@ def rewardbench_sections(by_subset: Mapping[str, Mapping[str, float]]) -> dict[s
   if out:
     out["Score"] = float(np.mean(list(out.values())))
   return out
+
+
+def rewardbench_section_counts(by_subset: Mapping[str, Mapping[str, float]]) -> dict[str, int]:
+  """The pairs each section of `rewardbench_sections` is computed over, and Score's (all
+  of the sections')."""
+  out = {section: sum(int(by_subset[s]["count"]) for s in subsets if s in by_subset)
+         for section, subsets in REWARDBENCH_SECTIONS.items()
+         if any(s in by_subset for s in subsets)}
+  if out:
+    out["Score"] = sum(out.values())
+  return out

@@ -25,7 +25,7 @@ from helpsteer_jax.data import template
 from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.records import HELPSTEER_ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.inference import best_of_n, steering
+from helpsteer_jax.inference import best_of_n, sample_score, steering
 from helpsteer_jax.inference.sampling import SamplingConfig
 from helpsteer_jax.load import model as loader
 from helpsteer_jax.losses.dpo2d import SEQUENCE_LOSSES
@@ -192,6 +192,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                     config, config.sampling.max_new_tokens, f"{which} prompts")
                      for which in ("train", "eval"))
   scorer = load_scorer(config.scorer, setup.rt)
+  # Prompts a generative judge has no room to judge would give no pair: left out.
+  train, held_out = ([r for r, ok in zip(requests, sample_score.judged(scorer, requests,
+                                                                        f"{which} prompt"))
+                      if ok] for requests, which in ((train, "training"), (held_out, "eval")))
   weights = scoring_rewards.weight_vector(config.scorer.weights.to_dict())
   if not rounds.exists(rounds.round_dir(setup.workdir, 0) / EVAL):
     evaluate(config, setup, 0, held_out, scorer, weights)

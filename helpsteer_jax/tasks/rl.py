@@ -12,6 +12,7 @@ adapters: the same weights with the adapters off). The loop is
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -24,7 +25,7 @@ from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.data.batches import ROLLOUT_BATCH
 from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.inference import generator, steering
+from helpsteer_jax.inference import generator, sample_score, steering
 from helpsteer_jax.models import builder
 from helpsteer_jax.rl import critic as critic_lib
 from helpsteer_jax.rl import objective, off_policy, report, resident, rollout, settings
@@ -35,7 +36,7 @@ from helpsteer_jax.runs import prompts as prompts_lib
 from helpsteer_jax.runs import setup as setup_lib
 from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.scoring import rewards as scoring_rewards
-from helpsteer_jax.scoring.load import load_scorer
+from helpsteer_jax.scoring.load import load_scorer, unscored_cause
 from helpsteer_jax.scoring.principle_verifier import VERIFIER as PRINCIPLE_VERIFIER
 from helpsteer_jax.train import abstract_step, export
 
@@ -129,7 +130,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                            config.rollout.add_bos, config.train.seq_len - s.max_new_tokens,
                            multi_turn=s.max_new_tokens if s.multi_turn else 0, report=bad)
   train_prompts, eval_prompts = read("train"), read("eval")
-  scorer = load_scorer(config.scorer, rt, tokenizer=tokenizer)
+  # A judge's answers that do not parse give the neutral reward (`judges.genrm.NEUTRAL`).
+  scorer = load_scorer(config.scorer, rt, tokenizer=tokenizer, neutral_unparsed=True)
+  # Prompts a judge has no room to judge would stop the run when drawn: left out.
+  train_prompts, eval_prompts = (
+      [p for p, ok in zip(prompts, sample_score.judged(scorer, [p.request for p in prompts],
+                                                       f"{which} prompt")) if ok]
+      for prompts, which in ((train_prompts, "training"), (eval_prompts, "eval")))
+  s = dataclasses.replace(s, unscored=unscored_cause(config.scorer, scorer))
   weights = scoring_rewards.weight_vector(config.scorer.weights.to_dict())
   parts, fresh_adapters = policy.load_policy(config, rt)
   reference = _reference(config, s, parts, rt, fresh_adapters)
