@@ -200,7 +200,7 @@ def test_evaluate_rm_with_a_judge_that_judges_nothing_exits_non_zero(tiny, tmp_p
   report = json.loads((tmp_path / "b" / "rm_report.json").read_text())
   pairs_result = report["helpsteer2_preference"]
   assert pairs_result["count"] == 0 and pairs_result["accuracy"] is None
-  assert "| all | 0 | nan |" in proc.stdout
+  assert "| all | 0 | 0 | nan |" in proc.stdout
 
 
 def test_rl_with_a_genrm_whose_answers_never_parse_runs_on_neutral_rewards(tiny, tmp_path):  # noqa: F811

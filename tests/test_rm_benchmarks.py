@@ -271,6 +271,7 @@ def test_benchmarks_with_nothing_judged_report_nan_with_the_count():
   pair = PreferencePair(with_response("p", "a", "x"), with_response("p", "b", "x"))
   rb = rm_eval.evaluate_pairs(nothing, [pair], WEIGHTS)
   assert np.isnan(rb["accuracy"]) and rb["count"] == 0
+  assert "| all | 0 | 0 | nan |" in rm_report.set_table("rewardbench", rb)
   # a JudgeBench pair judged in one order still counts, with the other decision missing
   half = benchmarks.judgebench_scores([[2.0, 1.0]], [[np.nan, np.nan]], ["A>B"], ["mmlu-pro"])
   assert (half["accuracy"], half["judged"], half["unjudged"]) == (1.0, 1, 1)

@@ -77,10 +77,12 @@ def pairwise_accuracy(r_chosen: np.ndarray, r_rejected: np.ndarray) -> float:
 
 def accuracy_by_subset(r_chosen: np.ndarray, r_rejected: np.ndarray,
                        subsets: Sequence[str]) -> dict[str, dict[str, float]]:
-  """{subset: {count, accuracy}}."""
+  """{subset: {count, ties (equal rewards: wrong), accuracy}}."""
   subsets = np.asarray(subsets)
   right = np.asarray(r_chosen) > np.asarray(r_rejected)
-  return {s: {"count": int((subsets == s).sum()), "accuracy": float(right[subsets == s].mean())}
+  tie = np.asarray(r_chosen) == np.asarray(r_rejected)
+  return {s: {"count": int((subsets == s).sum()), "ties": int(tie[subsets == s].sum()),
+              "accuracy": float(right[subsets == s].mean())}
           for s in sorted(set(subsets.tolist()))}
 
 

@@ -31,14 +31,16 @@ def section_count(result: dict, section: str) -> int:
 
 def pairs_table(title: str, result: dict) -> str:
   """Overall, per-section and per-subset pairwise accuracy as a Markdown table, each with
-  the pairs it was computed over (n: pairs judged)."""
-  lines = [f"| {title} | n | accuracy |", "|---|---|---|",
-           f"| all | {result['count']} | {_fmt(result['accuracy'])} |"]
+  the pairs it was computed over (n: pairs judged) and, overall and per subset, the ties
+  among them (equal rewards: wrong)."""
+  lines = [f"| {title} | n | ties | accuracy |", "|---|---|---|---|",
+           f"| all | {result['count']} | {result.get('ties', '')} | {_fmt(result['accuracy'])} |"]
   for section, acc in result.get("sections", {}).items():
-    lines.append(f"| section: {section} | {section_count(result, section)} | {_fmt(acc)} |")
+    lines.append(f"| section: {section} | {section_count(result, section)} | |"
+                 f" {_fmt(acc)} |")
   for subset, m in result.get("by_subset", {}).items():
     if subset:
-      lines.append(f"| {subset} | {m['count']} | {_fmt(m['accuracy'])} |")
+      lines.append(f"| {subset} | {m['count']} | {m.get('ties', '')} | {_fmt(m['accuracy'])} |")
   return "\n".join(lines)
 
 
