@@ -238,3 +238,13 @@ def test_evaluate_rm_refuses_attribute_metrics_for_a_judge(tmp_path):
                         data={"validation_path": str(tmp_path / "rows.jsonl")})
   with pytest.raises(ConfigError, match="one reward per response, not the attributes"):
     evaluate_rm.run(config, str(tmp_path / "run"))
+
+
+def test_the_server_refuses_a_judge_budget_before_loading_its_policy(tiny, tmp_path):  # noqa: F811
+  root, _ = tiny
+  proc = run_main("--config=configs/serve.py", f"--config.init.source={root / 'nowhere'}",
+                  "--config.scorer.judge=principle", f"--config.scorer.source={root / 'lm'}",
+                  "--config.scorer.max_len=256", f"--workdir={tmp_path}", devices=1,
+                  check=False)
+  assert proc.returncode == 2
+  assert "scorer.max_len=256 - scorer.judge_max_new_tokens=512" in proc.stderr, proc.stderr
