@@ -68,7 +68,7 @@ def test_fitting_keeps_what_fits_and_refuses_when_nothing_does(caplog):
   scorer = _Budgeted(Budget(20, 10))
   requests = [_request("x" * n) for n in (5, 10, 11, 30)]
   assert sample_score.judged(scorer, requests, "prompt").tolist() == [True, True, False, False]
-  assert "2 of 4 prompts leave no room" in caplog.text
+  assert "2 of 4 prompts have judge prompts over 10 tokens" in caplog.text
   with pytest.raises(ConfigError, match="fits no prompt: .* the shortest is 11 tokens: raise"
                      " scorer.max_len to at least 21 or lower scorer.judge_max_new_tokens to"
                      " at most 9"):
@@ -248,3 +248,15 @@ def test_the_server_refuses_a_judge_budget_before_loading_its_policy(tiny, tmp_p
                   check=False)
   assert proc.returncode == 2
   assert "scorer.max_len=256 - scorer.judge_max_new_tokens=512" in proc.stderr, proc.stderr
+
+
+def test_best_of_n_refuses_a_judge_with_room_for_no_request(monkeypatch):
+  from helpsteer_jax.tasks import generate
+
+  from train_utils import task_config
+  monkeypatch.setattr(generate, "load_scorer", lambda section, rt: _Budgeted(Budget(20, 10)))
+  config = task_config("generate")
+  config.best_of_n.n = 2
+  with pytest.raises(ConfigError, match="fits no prompt: .* the shortest is 30 tokens"):
+    generate.best_of_n_scorer(config, None, [_request("x" * 30)])
+  assert isinstance(generate.best_of_n_scorer(config, None, [_request("x")]), _Budgeted)

@@ -83,8 +83,8 @@ def fitting(scorer, groups: Sequence[Sequence[Conversation]], what: str) -> np.n
   if not fits.any():
     raise budget.refusal(int(longest.min()), what)
   if not fits.all():
-    logging.warning("judge: %d of %d %ss leave no room for scorer.judge_max_new_tokens=%d in"
-                    " scorer.max_len=%d (their judge prompts are over %d tokens) and are not"
-                    " judged", int((~fits).sum()), len(fits), what, budget.new_tokens,
-                    budget.max_len, budget.prompt)
+    logging.warning("judge: %d of %d %ss have judge prompts over %d tokens (scorer.max_len=%d"
+                    " - scorer.judge_max_new_tokens=%d): they cannot be judged",
+                    int((~fits).sum()), len(fits), what, budget.prompt, budget.max_len,
+                    budget.new_tokens)
   return fits
