@@ -184,7 +184,7 @@ def main(argv: list[str]) -> None:
   except DataError as e:
     if recorded is not None:
       recorded.undo_unused()
-    can_skip = "on_bad_record" in config.get("data", {})
+    can_skip = e.skippable and "on_bad_record" in config.get("data", {})
     _fail(f"{e}\n(fix the record, or run with --config.data.on_bad_record=skip to skip"
           " bad records and have them counted and reported at the end)" if can_skip else str(e))
   except HelpsteerError as e:

@@ -91,3 +91,11 @@ def make_numeric(scorer_config):
     return out
 
   return scorer
+
+
+def make_unscored(scorer_config):
+  """Every conversation unscored (a row of NaN): a judge that judged nothing."""
+  def scorer(convs):
+    return np.full((len(convs), len(ATTRIBUTES)), np.nan, np.float32)
+
+  return scorer

@@ -19,7 +19,7 @@ from helpsteer_jax import runtime
 from helpsteer_jax.config_sections import DEMO_SHAPE, HELPSTEER2_WEIGHTS
 from helpsteer_jax.data import template
 from helpsteer_jax.data.records import ATTRIBUTES
-from helpsteer_jax.errors import ConfigError, DataError
+from helpsteer_jax.errors import ConfigError, DataError, EvaluationError
 from helpsteer_jax.eval import mt_bench_data, mt_bench_grading
 from helpsteer_jax.eval.mt_bench_answers import conversation
 from helpsteer_jax.models import catalog, reward_hf
@@ -173,6 +173,25 @@ def test_attribute_model_judge(models, tmp_path):
   table = summary["table"]
   assert table["overall"]["average"] == pytest.approx(float(np.mean(rewards)), abs=1e-4)
   assert "verbosity" in (work / "mt_bench.md").read_text()
+
+
+def test_a_judge_that_judged_nothing_fails_after_writing_the_table(models, tmp_path):
+  """Every answer turn unscored: mt_bench.json is written (each turn unparsed, no mean),
+  and the run fails naming why instead of exiting 0."""
+  mt_dir = write_mt_bench(tmp_path / "mt")
+  work = tmp_path / "run"
+  work.mkdir()
+  rows = [{"question_id": q["question_id"], "category": q["category"], "model_id": "tiny",
+           "attributes": {}, "choices": [{"index": 0, "turns": ["one.", "two."]}],
+           "finish_reasons": ["stop", "stop"], "tstamp": 0} for q in QUESTIONS]
+  (work / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  config = eval_config(models, mt_dir, kind="attribute_model",
+                       scorer="fake_scorer:make_unscored")
+  with pytest.raises(EvaluationError, match="none of the 3 questions' answer turns was"
+                     " judged.*scorer function fake_scorer:make_unscored returned NaN"):
+    evaluate_generation.run(config, str(work))
+  overall = json.loads((work / "mt_bench.json").read_text())["table"]["overall"]
+  assert (overall["judged"], overall["unparsed"], overall["average"]) == (6, 6, None)
 
 
 def _fails_before_generation(config, work, error, match):

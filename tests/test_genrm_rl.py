@@ -283,8 +283,9 @@ def test_a_local_judge_answers_greedily_on_the_engine(tiny):
   assert first == scorer.answer(["Judge: 1 or 2?"]) and isinstance(first[0], str)
   rows = scorer(_convs()[:2])
   assert np.isnan(rows).all() and genrm.parse(first[0]) is None
-  # a pair whose prompt leaves no room for the answer is not judged (not an error)
-  assert scorer.answer(["Judge: 1 or 2?", "long " * 600]) == first + [""]
+  # a pair whose prompt leaves no room for the answer is not asked (not an error)
+  assert scorer.answer(["Judge: 1 or 2?", "long " * 600]) == first + [None]
+  assert scorer.counts == {"answered": 2, "not_asked": 0, "not_parsed": 2}
 
 
 def test_the_genrm_preset_trains_on_helpsteer3_rows_through_the_rl_loop(hs3, tmp_path):

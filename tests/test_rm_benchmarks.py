@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from helpsteer_jax.data.formats import benchmarks as readers
-from helpsteer_jax.data.formats.preference import with_response
+from helpsteer_jax.data.formats.preference import PreferencePair, with_response
 from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.records import ATTRIBUTES
 from helpsteer_jax.errors import DataError
@@ -247,6 +247,34 @@ def test_judgebench_pair_not_scored_counts_as_missing_judgements():
   pairs = [readers.judgebench_pair(r, "x") for r in rows]
   result = benchmarks.evaluate_judgebench(numeric_scorer(), pairs, WEIGHTS)
   assert (result["count"], result["unjudged"], result["accuracy"]) == (2, 1, 0.5)
+
+
+def test_benchmarks_with_nothing_judged_report_nan_with_the_count():
+  """A judge that judged nothing: every figure NaN beside its count of 0 (JudgeBench's
+  0.000 before: an unjudged pair is wrong), in the results and the printed tables."""
+  from helpsteer_jax.scoring import evaluate as rm_eval
+  from helpsteer_jax.scoring import report as rm_report
+  nothing = HostScorer(lambda convs: np.full((len(convs), len(ATTRIBUTES)), np.nan))
+  pairs = [readers.judgebench_pair(r, "x") for r in judgebench_rows()]
+  jb = benchmarks.evaluate_judgebench(nothing, pairs, WEIGHTS)
+  assert np.isnan(jb["accuracy"]) and (jb["count"], jb["judged"]) == (len(pairs), 0)
+  assert all(np.isnan(m["accuracy"]) and m["judged"] == 0 for m in jb["by_category"].values())
+  assert f"| all | {len(pairs)} | 0 | nan |" in rm_report.set_table("judgebench", jb)
+  rm = benchmarks.evaluate_rm_bench(
+      nothing, [readers.rm_bench_row(r, "x") for r in rm_bench_rows()], WEIGHTS)
+  assert np.isnan(rm["overall"]) and (rm["count"], rm["by_domain"]) == (0, {})
+  assert "| all | 0 | nan | nan | nan | nan |" in rm_report.set_table("rm_bench", rm)
+  rb2 = benchmarks.evaluate_rewardbench2(
+      nothing, [readers.rewardbench2_row(r, "x") for r in rb2_rows()], WEIGHTS)
+  assert np.isnan(rb2["score"]) and rb2["count"] == 0
+  assert "| all | 0 | nan |" in rm_report.set_table("rewardbench2", rb2)
+  pair = PreferencePair(with_response("p", "a", "x"), with_response("p", "b", "x"))
+  rb = rm_eval.evaluate_pairs(nothing, [pair], WEIGHTS)
+  assert np.isnan(rb["accuracy"]) and rb["count"] == 0
+  assert "| all | 0 | 0 | nan |" in rm_report.set_table("rewardbench", rb)
+  # a JudgeBench pair judged in one order still counts, with the other decision missing
+  half = benchmarks.judgebench_scores([[2.0, 1.0]], [[np.nan, np.nan]], ["A>B"], ["mmlu-pro"])
+  assert (half["accuracy"], half["judged"], half["unjudged"]) == (1.0, 1, 1)
 
 
 # ---------------------------------------------------------------- RewardBench 2
@@ -481,7 +509,7 @@ def test_evaluate_rm_reports_the_benchmarks(benchmark_files, tmp_path, capsys):
   saved = json.loads((tmp_path / "eval" / "rm_report.json").read_text())
   assert saved["rm_bench"]["overall"] == pytest.approx(report["rm_bench"]["overall"])
   assert "| RM-Bench | n | hard | normal | easy | average |" in out
-  assert "| JudgeBench | n | accuracy |" in out and "| Ties | 7 |" in out
+  assert "| JudgeBench | n | judged | accuracy |" in out and "| Ties | 7 |" in out
 
 
 def test_evaluate_rm_variants_report_the_benchmarks(benchmark_files, tmp_path, capsys):
@@ -495,3 +523,6 @@ def test_evaluate_rm_variants_report_the_benchmarks(benchmark_files, tmp_path, c
   assert numbers["rm_bench"]["overall"] == pytest.approx(
       reference_rm_bench(rm_bench_rows())["overall"])
   assert numbers["judgebench"]["count"] == len(judgebench_rows())
+  # each figure with the count it was computed over
+  rm = numbers["rm_bench"]
+  assert f"| numbers | helpfulness | {rm['overall']:.3f} ({rm['count']}) |" in table

@@ -59,7 +59,8 @@ def test_pairwise_accuracy_is_strict_and_per_subset():
   r_r = np.asarray([0.0, 2.0, 0.7, 1.0, 0.0])
   assert rm_metrics.pairwise_accuracy(r_c, r_r) == pytest.approx(3 / 5)  # a tie is wrong
   by = rm_metrics.accuracy_by_subset(r_c, r_r, ["a", "a", "b", "b", "b"])
-  assert by == {"a": {"count": 2, "accuracy": 0.5}, "b": {"count": 3, "accuracy": 2 / 3}}
+  assert by == {"a": {"count": 2, "ties": 1, "accuracy": 0.5},
+                "b": {"count": 3, "ties": 0, "accuracy": 2 / 3}}
 
 
 def test_rewardbench_sections_weight_subsets_like_rewardbench():

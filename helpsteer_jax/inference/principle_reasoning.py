@@ -15,7 +15,9 @@ The pass's input is the text tokenized in one call, as the server's second reque
 so a local and a served judge score the same input.
 
 A prompt's budget is cut to what its row leaves under `scorer.max_len` (with the
-judgement's tokens); a prompt that leaves none is judged without reasoning. Greedy
+judgement's tokens); a prompt that leaves none is judged without reasoning. The judge's
+`budget` (`scoring.judge_budget`) is max_len - judge_max_new_tokens: a task none of whose
+prompts fits it (every reasoning cut) is refused before anything compiles. Greedy
 decoding and the pass are SPMD over the mesh: every process gets the same rows. The
 engine holds its own per-layer copy of the judge's layers and a KV cache of
 `scorer.batch_size` rows of `scorer.max_len` tokens beside the pass's weights.
@@ -35,6 +37,7 @@ from helpsteer_jax.inference.generator import make_engine
 from helpsteer_jax.judges import principle
 from helpsteer_jax.runtime import Runtime
 from helpsteer_jax.scoring import principle_judge
+from helpsteer_jax.scoring.judge_budget import Budget
 from helpsteer_jax.scoring.principle_judge import LocalJudge
 
 
@@ -53,10 +56,17 @@ class ReasoningJudge:
     # What the judgement adds after a reasoning cut by the budget.
     self._tail = len(judge.ids("\n" + principle.JUDGEMENT)) - len(judge.encode(""))
     self._lock = threading.Lock()
+    # A prompt within it reasons its full `max_new_tokens`; a longer one reasons less.
+    self.budget = Budget(self.engine.max_length, self.max_new_tokens)
 
   @property
   def local_rows(self) -> int:
     return self.judge.local_rows
+
+  def prompt_tokens(self, group: Sequence[Conversation]) -> np.ndarray:
+    """[len(group)] each conversation's judge prompt and judgement in tokens."""
+    return np.asarray([len(self.judge.encode(principle_judge.judge_prompt_text(
+        c, self.judge.principle))) + self._tail for c in group])
 
   @property
   def warm_up_programs(self) -> int:

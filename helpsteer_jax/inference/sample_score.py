@@ -5,7 +5,8 @@ Prompts are token ids; completion j of prompt i samples with
 prompt's key alone, not on the batch: RL's key is (seed, step, i), best-of-n's
 (seed + i,). The engine's batch API decodes every completion in one call;
 the scorer (`scoring.scorer.Scorer`) then predicts the nine attributes of each
-answered conversation, the same on every process.
+answered conversation, the same on every process. `judged` says, before anything
+compiles, which requests a generative judge behind the scorer has room to judge.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 from helpsteer_jax.inference import steering
 from helpsteer_jax.inference.engine import DecodeRequest, Engine, Output
 from helpsteer_jax.inference.sampling import SamplingConfig, sample_seed
+from helpsteer_jax.scoring import judge_budget
 from helpsteer_jax.scoring.scorer import Scorer, predict
 
 
@@ -67,3 +69,11 @@ def score(responses: Sequence[str], requests: Sequence[steering.Request], n: int
   that wrote its response."""
   return predict([requests[b // n].answered(r, None if outputs is None else outputs[b])
                   for b, r in enumerate(responses)], scorer)
+
+
+def judged(scorer: Scorer, requests: Sequence[steering.Request], what: str) -> np.ndarray:
+  """[len(requests)] whether the local generative judge behind `scorer` has room in its
+  budget to judge answers to each request (its judge prompt with empty answers fits:
+  `scoring.judge_budget.fitting`; all True for any other scorer); ConfigError when none
+  has."""
+  return judge_budget.fitting(scorer, [[r.answered("")] * 2 for r in requests], what)

@@ -28,14 +28,19 @@ import ml_collections
 from helpsteer_jax.data import template
 from helpsteer_jax.data.chat_template import NEMO_DEFAULTS, SteerSpec
 from helpsteer_jax.data.features import tokenize
-from helpsteer_jax.data.formats.rows import iter_json_lines
+from helpsteer_jax.data.formats.rows import (
+  BadRecord,
+  BadRecordReport,
+  iter_checked_rows,
+  iter_json_lines,
+)
 from helpsteer_jax.data.records import (
   ANSWER_KEY,
   ATTRIBUTES,
   HELPSTEER_ATTRIBUTES,
   Conversation,
 )
-from helpsteer_jax.errors import ConfigError, DataError
+from helpsteer_jax.errors import ConfigError
 
 ATTRIBUTE_SETS = {"all": ATTRIBUTES, "helpsteer": HELPSTEER_ATTRIBUTES}
 _ROW_KEYS = ("prompt", "turns", "attributes", "system")
@@ -178,21 +183,25 @@ def _row_prompt(row: Mapping) -> tuple[str, tuple[str, ...]]:
   return turns[0], tuple(turns[1:])
 
 
-def _json_requests(lines: Iterator[tuple[int, Any]], where: str, defaults, system):
-  for line, row in lines:
-    try:
-      if isinstance(row, Exception):
-        raise ValueError(f"unreadable line: {row}")
-      if not isinstance(row, Mapping):
-        raise ValueError(f"expected a JSON object, got {type(row).__name__}")
-      prompt, follow_ups = _row_prompt(row)
-      extra = {k: v for k, v in row.items() if k not in _ROW_KEYS + _ANSWER_KEYS}
-      request = make_request(prompt, _row_attributes(row, defaults),
-                             row.get("system") or system, extra)
-      yield dataclasses.replace(request, follow_ups=follow_ups, conversation=dataclasses.replace(
-          request.conversation, source=f"{where}:{line}"))
-    except ValueError as e:
-      raise DataError(where, line, str(e)) from None
+def _json_request(row: Mapping, where: str, defaults, system) -> Request:
+  """One JSONL row's request (`where`: its file and line); BadRecord says what is wrong."""
+  try:
+    prompt, follow_ups = _row_prompt(row)
+    extra = {k: v for k, v in row.items() if k not in _ROW_KEYS + _ANSWER_KEYS}
+    request = make_request(prompt, _row_attributes(row, defaults),
+                           row.get("system") or system, extra)
+  except ValueError as e:
+    raise BadRecord(str(e)) from None
+  return dataclasses.replace(request, follow_ups=follow_ups, conversation=dataclasses.replace(
+      request.conversation, source=where))
+
+
+def _text_request(text: str, where: str, defaults, system) -> Request:
+  """One text line's request."""
+  try:
+    return make_request(text.rstrip("\n"), defaults, system)
+  except ValueError as e:
+    raise BadRecord(str(e)) from None
 
 
 def _stdin_rows(stream: TextIO) -> Iterator[tuple[int, Any]]:
@@ -204,36 +213,36 @@ def _stdin_rows(stream: TextIO) -> Iterator[tuple[int, Any]]:
         yield i, e
 
 
+def _text_rows(lines) -> Iterator[tuple[int, str]]:
+  return ((i, text) for i, text in enumerate(lines, 1) if text.strip())
+
+
 def read_requests(source: str, defaults: Mapping[str, int],
                   system: str = template.DEFAULT_SYSTEM,
-                  stdin: TextIO | None = None) -> list[Request]:
+                  stdin: TextIO | None = None, on_bad_record: str = "error",
+                  report: BadRecordReport | None = None) -> list[Request]:
   """Requests from a jsonl file (`{"prompt": ..., "attributes": {...}}` per line),
   a text file (one prompt per line; blank lines are skipped) or "-" (stdin,
-  jsonl when the first line starts with "{", else text). Bad rows raise
-  `DataError` naming the file and line."""
+  jsonl when the first line starts with "{", else text). A bad row raises `DataError`
+  naming the file and line, or with `on_bad_record="skip"` is skipped and counted in
+  `report` (`data.formats.rows.iter_checked_rows`)."""
   if source == "-":
     stream = stdin or sys.stdin
     lines = stream.read().splitlines(keepends=True)
-    if next((line for line in lines if line.strip()), "").lstrip().startswith("{"):
-      return list(_json_requests(_stdin_rows(lines), "<stdin>", defaults, system))
-    return _text_requests(enumerate(lines, 1), "<stdin>", defaults, system)
-  path = pathlib.Path(source)
-  if not path.is_file():
-    raise ConfigError(f"input {source} is not a file; give a .jsonl or text file, or '-'"
-                      " for stdin")
-  if path.name.endswith((".jsonl", ".jsonl.gz")):
-    return list(_json_requests(iter_json_lines(path), str(path), defaults, system))
-  with open(path, encoding="utf-8") as f:
-    return _text_requests(enumerate(f, 1), str(path), defaults, system)
-
-
-def _text_requests(lines, where: str, defaults, system) -> list[Request]:
-  out = []
-  for line, text in lines:
-    text = text.rstrip("\n")
-    if text.strip():
-      try:
-        out.append(make_request(text, defaults, system))
-      except ValueError as e:
-        raise DataError(where, line, str(e)) from None
-  return out
+    json_rows = next((line for line in lines if line.strip()), "").lstrip().startswith("{")
+    rows, build = ((_stdin_rows(lines), _json_request) if json_rows
+                   else (_text_rows(lines), _text_request))
+    where = "<stdin>"
+  else:
+    path = pathlib.Path(source)
+    if not path.is_file():
+      raise ConfigError(f"input {source} is not a file; give a .jsonl or text file, or '-'"
+                        " for stdin")
+    where = str(path)
+    if path.name.endswith((".jsonl", ".jsonl.gz")):
+      rows, build = iter_json_lines(path), _json_request
+    else:
+      with open(path, encoding="utf-8") as f:
+        rows, build = list(_text_rows(f)), _text_request
+  return [request for _, request in iter_checked_rows(
+      rows, where, lambda row, at: build(row, at, defaults, system), on_bad_record, report)]

@@ -44,6 +44,10 @@ PARSE_FAILURE = -100.0   # the verifier's reward for an answer that does not par
 SCORES_SECTION = ("[The Begin of Individual Scores]", "[The End of Individual Scores]")
 RANKING_SECTION = ("[The Begin of Ranking Score]", "[The End of Ranking Score]")
 AGGREGATIONS = ("mean_score", "win_count")
+# Where an RL reward needs a value for a completion whose judgements were answered and
+# none parsed: the scale's middle, no preference either way (NeMo-Gym's genrm_compare
+# gives a failed parse its default_score 3 and default_ranking 3.5, the midpoint).
+NEUTRAL = {"mean_score": 3.0, "win_count": 0.5}
 
 INSTRUCTIONS = """\
 You are a skilled little expert at scoring responses. You should evaluate given responses \

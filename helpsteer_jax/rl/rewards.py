@@ -68,14 +68,15 @@ def rollout_rewards(preds: np.ndarray, weights: Mapping[str, float], *,
                     requested: Sequence[Mapping[str, float] | None] | None = None,
                     steer_coef: float = 0.0, mean: float | None = 0.0, std: float = 1.0,
                     moments: RunningMoments | None = None,
-                    attributes: Sequence[str] = STEERABLE) -> np.ndarray:
+                    attributes: Sequence[str] = STEERABLE, unscored: str = "") -> np.ndarray:
   """[B] rewards of [B, 9] predictions: the weighted reward, standardised by (`mean`,
   `std`), or, with `mean=None`, by `moments` updated with this batch first; minus
-  `steer_coef` times the steering distance to `requested` over `attributes`."""
+  `steer_coef` times the steering distance to `requested` over `attributes`. A rollout
+  not scored (NaN) stops the run, with `unscored`: why the reward source left it so."""
   if np.isnan(preds).any():
     rows = np.flatnonzero(np.isnan(preds).any(axis=1)).tolist()
-    raise ConfigError(f"the attribute model could not score rollouts {rows} (too long for"
-                      " its max_len?): raise scorer.max_len or lower max_new_tokens")
+    raise ConfigError(f"the reward source could not score rollouts {rows}:"
+                      f" {unscored or 'it returned NaN for them'}")
   reward = rewards_lib.rewards(preds, weights)
   if mean is None:
     if moments is None:
@@ -99,11 +100,13 @@ def iteration_scores(preds: np.ndarray, weights: np.ndarray,
   with the algorithm's shaping of the `longest` answer's length."""
   if s.normalize == "running":
     reward = rollout_rewards(preds, weights, requested=requested, steer_coef=s.steer_coef,
-                             mean=None, moments=moments, attributes=s.steer_attributes)
+                             mean=None, moments=moments, attributes=s.steer_attributes,
+                             unscored=s.unscored)
   else:
     mean, std = (s.reward_mean, s.reward_std) if s.normalize == "fixed" else (0.0, 1.0)
     reward = rollout_rewards(preds, weights, requested=requested, steer_coef=s.steer_coef,
-                             mean=mean, std=std, attributes=s.steer_attributes)
+                             mean=mean, std=std, attributes=s.steer_attributes,
+                             unscored=s.unscored)
   scores = reward
   if s.truncation_penalty:
     scores = np.asarray(adv_lib.truncation_penalty(scores, finished, s.truncation_penalty))

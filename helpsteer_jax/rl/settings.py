@@ -51,6 +51,7 @@ class RLSettings:
   max_staleness: int = 0            # 1: rollouts sampled one update ahead (`rl.off_policy`)
   multi_turn: bool = False          # the policy answers every user turn (`rl.multiturn`)
   multi_turn_reward: str = "final"  # "final" or "each" answer scored
+  unscored: str = ""                # why the reward source leaves a rollout unscored (NaN)
 
   def completion_width(self, seq_len: int) -> int:
     """T, the completion region of a rollout row: one answer's limit, or with multi-turn

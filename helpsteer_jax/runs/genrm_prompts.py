@@ -27,6 +27,7 @@ import numpy as np
 
 from helpsteer_jax.data.demo import helpsteer3 as demo_helpsteer3
 from helpsteer_jax.data.formats import helpsteer3
+from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.records import Conversation, Turn
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import steering
@@ -52,19 +53,22 @@ def feedback_source(source: str, split: str, feedback_path: str = "") -> str:
 
 def labelled_pairs(source: str, split: str, *, feedback_path: str = "",
                    domains: Sequence[str] = (), languages: Sequence[str] = (),
-                   on_bad_record: str = "error") -> list[tuple[helpsteer3.Preference, dict]]:
-  """(preference record, reference) of every non-tie preference row."""
+                   on_bad_record: str = "error", report: BadRecordReport | None = None
+                   ) -> list[tuple[helpsteer3.Preference, dict]]:
+  """(preference record, reference) of every non-tie preference row; bad rows of either
+  config per `on_bad_record` (skipped ones counted in `report`)."""
   feedback = {}
   where = feedback_source(source, split, feedback_path)
   if where:
     for record in helpsteer3.read_helpsteer3(where, "feedback", split,
-                                             on_bad_record=on_bad_record):
+                                             on_bad_record=on_bad_record, report=report):
       h = tuple(genrm.helpfulness_label(m) for m in record.helpfulness)
       feedback[_key(record.context.conversation, record.responses)] = h
       feedback.setdefault(_key(record.context.conversation, record.responses[::-1]), h[::-1])
   out = []
   for record in helpsteer3.read_helpsteer3(source, "preference", split, domains=domains,
-                                           languages=languages, on_bad_record=on_bad_record):
+                                           languages=languages, on_bad_record=on_bad_record,
+                                           report=report):
     ranking = genrm.ranking_label(record.overall)
     if ranking is None:
       continue
@@ -76,14 +80,15 @@ def labelled_pairs(source: str, split: str, *, feedback_path: str = "",
 def read_requests(source: str, split: str, attributes: dict, system: str, *,
                   guidelines: bool = True, both_orders: bool = False,
                   feedback_path: str = "", domains: Sequence[str] = (),
-                  languages: Sequence[str] = (), on_bad_record: str = "error"
-                  ) -> list[steering.Request]:
+                  languages: Sequence[str] = (), on_bad_record: str = "error",
+                  report: BadRecordReport | None = None) -> list[steering.Request]:
   """The judge prompts of `source`'s preference rows as requests: one user turn (the
-  prompt), `extra` {"reference", "source"} (the row's file and line)."""
+  prompt), `extra` {"reference", "source"} (the row's file and line); bad rows per
+  `on_bad_record` (`labelled_pairs`)."""
   requests = []
   for record, reference in labelled_pairs(source, split, feedback_path=feedback_path,
                                           domains=domains, languages=languages,
-                                          on_bad_record=on_bad_record):
+                                          on_bad_record=on_bad_record, report=report):
     shown = [(record.responses, reference)]
     if both_orders:
       shown.append((record.responses[::-1], genrm.swapped(reference)))

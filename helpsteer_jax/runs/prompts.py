@@ -6,7 +6,9 @@ rows as the principle judge's prompts (`judges.principle.prompt_row`, no attribu
 a judgement is not steered), each with the human labels as its `reference`; with the
 run's attribute values or random ones, tokenized, and those too long for a row left out
 (RL's rollouts, iterative DPO's rounds). A GenRM's verifier reward needs each prompt's
-`reference`: checked here, before anything compiles."""
+`reference`: checked here, before anything compiles. A bad row of any of these files
+raises a `DataError` naming its file and line, or with `data.on_bad_record=skip` is
+skipped and counted in the task's `BadRecordReport`."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from absl import logging
 
 from helpsteer_jax.data.demo import rows as demo_rows
 from helpsteer_jax.data.formats import helpsteer3
+from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import steering
 from helpsteer_jax.judges import genrm, principle
@@ -32,7 +35,13 @@ PRINCIPLE_FORMAT = "principle"
 FORMATS = ("jsonl", "genrm", PRINCIPLE_FORMAT)
 
 
-def principle_requests(config, which: str) -> list[steering.Request]:
+def on_bad_record(config) -> str:
+  """`data.on_bad_record`, what the prompt readers do with a bad row."""
+  return config.data.on_bad_record
+
+
+def principle_requests(config, which: str, report: BadRecordReport | None = None
+                       ) -> list[steering.Request]:
   """HelpSteer3 principle rows as judge prompts: the train prompts from
   `prompts.train_path`, the eval ones from `prompts.eval_path` or else the same source,
   split "validation" (a directory's; a file is read whole)."""
@@ -44,7 +53,8 @@ def principle_requests(config, which: str) -> list[steering.Request]:
                       " its principle/ directory or a principle .jsonl(.gz) file")
   records = helpsteer3.read_helpsteer3(
       path, "principle", "train" if which == "train" else "validation",
-      domains=helpsteer3.filter_list(pc.domains), languages=helpsteer3.filter_list(pc.languages))
+      domains=helpsteer3.filter_list(pc.domains), languages=helpsteer3.filter_list(pc.languages),
+      on_bad_record=on_bad_record(config), report=report)
   out = []
   for r in records:
     row = principle.prompt_row(r)
@@ -53,18 +63,21 @@ def principle_requests(config, which: str) -> list[steering.Request]:
   return out
 
 
-def read_requests(path: str, which: str, attributes: dict, config) -> list[steering.Request]:
-  """The train or eval prompts (`path`, else the demo's), each prompt once."""
+def read_requests(path: str, which: str, attributes: dict, config,
+                  report: BadRecordReport | None = None) -> list[steering.Request]:
+  """The train or eval prompts (`path`, else the demo's), each prompt once; bad rows per
+  `data.on_bad_record` (skipped ones counted in `report`)."""
   pc = config.prompts
   fmt = pc.get("format", "jsonl")
   if fmt not in FORMATS:
     raise ConfigError(f"prompts.format={fmt!r}: one of {', '.join(FORMATS)}")
   if fmt == PRINCIPLE_FORMAT:
-    return principle_requests(config, which)
+    return principle_requests(config, which, report)
   if fmt == "genrm":
-    return _genrm_requests(path, which, attributes, config)
+    return _genrm_requests(path, which, attributes, config, report)
   if path:
-    requests = steering.read_requests(path, attributes, pc.system)
+    requests = steering.read_requests(path, attributes, pc.system,
+                                      on_bad_record=on_bad_record(config), report=report)
     seen, unique = set(), []
     for r in requests:  # HelpSteer2 rows repeat each prompt once per response
       key = (r.prompt, r.follow_ups, tuple(sorted(r.attributes.items())))
@@ -77,7 +90,8 @@ def read_requests(path: str, which: str, attributes: dict, config) -> list[steer
   return [steering.make_request(t, attributes, pc.system) for t in texts]
 
 
-def _genrm_requests(path: str, which: str, attributes: dict, config) -> list[steering.Request]:
+def _genrm_requests(path: str, which: str, attributes: dict, config,
+                    report: BadRecordReport | None = None) -> list[steering.Request]:
   """GenRM judge prompts from HelpSteer3 files: the train split of `train_path`, the
   validation split of `eval_path` (else of `train_path`)."""
   pc = config.prompts
@@ -91,7 +105,8 @@ def _genrm_requests(path: str, which: str, attributes: dict, config) -> list[ste
       source, "train" if which == "train" else "validation", attributes, pc.system,
       guidelines=bool(pc.genrm_guidelines), both_orders=bool(pc.genrm_both_orders),
       feedback_path=pc.feedback_path, domains=helpsteer3.filter_list(pc.domains),
-      languages=helpsteer3.filter_list(pc.languages))
+      languages=helpsteer3.filter_list(pc.languages), on_bad_record=on_bad_record(config),
+      report=report)
 
 
 def check_references(requests: list[steering.Request], path: str, which: str) -> None:
@@ -123,15 +138,15 @@ def _sampled_attributes(requests: list[steering.Request], names: str, seed: int,
 
 
 def read_prompts(config: ml_collections.ConfigDict, attributes: dict, tokenizer: Any,
-                 add_bos: bool, max_prompt: int, which: str, multi_turn: int = 0
-                 ) -> list[Prompt]:
+                 add_bos: bool, max_prompt: int, which: str, multi_turn: int = 0,
+                 report: BadRecordReport | None = None) -> list[Prompt]:
   """The train or eval prompts, tokenized (`Request.prompt_ids`); those over `max_prompt`
   tokens are dropped. `multi_turn`: answers of at most this many tokens to every user turn
   (`rl.multiturn.dialogue`), the follow-ups' worst case counted in the prompt's length;
-  0: one answer each (a row's follow-ups unanswered)."""
+  0: one answer each (a row's follow-ups unanswered). Bad rows: `read_requests`."""
   pc = config.prompts
   path = pc.train_path if which == "train" else pc.eval_path
-  requests = read_requests(path, which, attributes, config)
+  requests = read_requests(path, which, attributes, config, report)
   if multi_turn:
     requests = [multiturn.dialogue(r) for r in requests]
   elif any(r.follow_ups for r in requests):

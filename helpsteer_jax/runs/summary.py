@@ -68,6 +68,12 @@ def run_outputs(workdir: str | pathlib.Path) -> dict[str, pathlib.Path]:
           "metrics": workdir / "metrics.jsonl"}
 
 
+def skipped_lines(report) -> tuple[str, ...]:
+  """The line of a task's skipped bad records (a `BadRecordReport`), none when none was
+  skipped: printed at the end, as `data.on_bad_record=skip` promises."""
+  return (report.summary(),) if report.total else ()
+
+
 def metrics_text(metrics: Mapping[str, float], prefix: str = "eval") -> str:
   """`; eval loss 1.2345, accuracy 0.5000` ("" when there are none)."""
   if not metrics:

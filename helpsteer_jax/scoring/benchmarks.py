@@ -33,7 +33,9 @@ print percentages).
 
 A row (RM-Bench, RewardBench 2) with a response not scored is dropped and counted; a
 JudgeBench pair is counted with the decision of an order not scored missing, as the
-reference counts a failed judgement.
+reference counts a failed judgement. Every figure comes with the count it was computed
+over (`count`; JudgeBench's `judged`: pairs with a decision in at least one order), and a
+figure over nothing judged is NaN, never a 0.
 """
 
 from __future__ import annotations
@@ -115,15 +117,18 @@ def judgebench_scores(r_ab: np.ndarray, r_ba: np.ndarray, labels: Sequence[str],
   first = [decision(a, b) for a, b in np.asarray(r_ab, np.float64)]
   swapped = [decision(b, a) for b, a in np.asarray(r_ba, np.float64)]
   right = np.asarray([judgebench_correct(*x) for x in zip(labels, first, swapped)], bool)
+  judged = np.asarray([a is not None or b is not None for a, b in zip(first, swapped)], bool)
   categories = np.asarray(categories)
 
   def accuracy(keep: np.ndarray) -> float:
-    return float(right[keep].mean()) if keep.any() else float("nan")
+    return float(right[keep].mean()) if judged[keep].any() else float("nan")
 
   return {"accuracy": accuracy(np.ones(len(right), bool)), "count": len(right),
+          "judged": int(judged.sum()),
           "unjudged": sum(a is None or b is None for a, b in zip(first, swapped)),
           "inconsistent": sum(a != flip(b) for a, b in zip(first, swapped)),
           "by_category": {c: {"count": int((categories == c).sum()),
+                              "judged": int(judged[categories == c].sum()),
                               "accuracy": accuracy(categories == c)}
                           for c in JUDGEBENCH_CATEGORIES if (categories == c).any()}}
 
@@ -226,15 +231,20 @@ def evaluate_rewardbench2(scorer: Scorer, rows: Sequence[RewardBench2Row], weigh
 
 @dataclasses.dataclass(frozen=True)
 class Benchmark:
-  """A benchmark's evaluation and the number of conversations it scores."""
+  """A benchmark's evaluation, the number of conversations it scores and its groups of
+  conversations (each answering one prompt, as a pairwise judge sees them)."""
   evaluate: Callable[..., dict]
   size: Callable[[Sequence], int]
+  groups: Callable[[Sequence], list]
 
 
 BENCHMARKS: Mapping[str, Benchmark] = {
     "rm_bench": Benchmark(evaluate_rm_bench,
-                          lambda rows: 2 * RM_BENCH_STYLES * len(rows)),
-    "judgebench": Benchmark(evaluate_judgebench, lambda pairs: 4 * len(pairs)),
+                          lambda rows: 2 * RM_BENCH_STYLES * len(rows),
+                          lambda rows: [row.conversations for row in rows]),
+    "judgebench": Benchmark(evaluate_judgebench, lambda pairs: 4 * len(pairs),
+                            lambda pairs: [(p.response_a, p.response_b) for p in pairs]),
     "rewardbench2": Benchmark(evaluate_rewardbench2,
-                              lambda rows: sum(len(r.completions) for r in rows)),
+                              lambda rows: sum(len(r.completions) for r in rows),
+                              lambda rows: [r.completions for r in rows]),
 }

@@ -29,6 +29,14 @@ class CombinedScorer:
   def local_rows(self) -> int:
     return self.attribute.local_rows + self.judge.local_rows
 
+  @property
+  def budget(self):
+    """The judge's (`judge_budget`: a task's prompts are checked against it)."""
+    return getattr(self.judge, "budget", None)
+
+  def prompt_tokens(self, group: Sequence[Conversation]) -> np.ndarray:
+    return self.judge.prompt_tokens(group)
+
   def __call__(self, convs: Sequence[Conversation]) -> np.ndarray:
     out = checked(self.attribute(convs), len(convs)).copy()
     slot = ATTRIBUTES.index(REWARD_SLOT)

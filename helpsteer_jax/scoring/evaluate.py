@@ -43,7 +43,8 @@ def evaluate_pairs(scorer: Scorer, pairs: Sequence[PreferencePair], weights,
                    on_batch=None) -> dict:
   """Pairwise accuracy (overall and per subset) with reward = predictions . weights.
 
-  Ties (strength 0) are not counted; pairs with a response not scored are dropped.
+  Ties (strength 0) are not counted; pairs with a response not scored are dropped;
+  `ties`: the counted pairs whose rewards are equal (wrong, as RewardBench counts them).
   """
   pairs = [p for p in pairs if p.strength != 0]
   convs = [c for p in pairs for c in (p.chosen, p.rejected)]
@@ -53,5 +54,7 @@ def evaluate_pairs(scorer: Scorer, pairs: Sequence[PreferencePair], weights,
   subsets = [p.subset for p, k in zip(pairs, ok) if k]
   by_subset = rm_metrics.accuracy_by_subset(r_c[ok], r_r[ok], subsets)
   return {"accuracy": rm_metrics.pairwise_accuracy(r_c[ok], r_r[ok]), "count": int(ok.sum()),
-          "dropped": int((~ok).sum()), "by_subset": by_subset,
-          "sections": rm_metrics.rewardbench_sections(by_subset)}
+          "dropped": int((~ok).sum()), "ties": int(np.sum(r_c[ok] == r_r[ok])),
+          "by_subset": by_subset,
+          "sections": rm_metrics.rewardbench_sections(by_subset),
+          "section_counts": rm_metrics.rewardbench_section_counts(by_subset)}

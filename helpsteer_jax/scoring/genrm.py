@@ -11,9 +11,13 @@ one judging a group's completions.
   judgements become per-completion rewards by `scorer.aggregation`
   (`judges.genrm.aggregate`: the mean individual score, or the share of wins); a
   judgement that does not parse is skipped, a completion none counted for is NaN (not
-  scored). The answers come from `answer(prompts) -> texts`: a causal LM decoding
-  greedily on the engine (`inference.judge`, every process the same) or a server's
-  /v1/chat/completions (`ServedAnswers`, asked by process 0: `scorer.PrimaryScorer`).
+  scored), or, with `unparsed` set (RL: `genrm.NEUTRAL`), gets that reward when its pairs
+  were answered and no answer parsed. The answers come from `answer(prompts) -> texts`
+  (None: a prompt the judge's budget leaves no room to answer): a causal LM decoding
+  greedily on the engine (`inference.judge`, every process the same; its
+  `judge_budget.Budget`) or a server's /v1/chat/completions (`ServedAnswers`, asked by
+  process 0: `scorer.PrimaryScorer`). `counts` says how its judgements went: answered,
+  not asked (over the budget), not parsed.
 
 Both write their reward in the `REWARD_SLOT` column (`scorer.reward_rows`).
 """
@@ -31,10 +35,12 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.judges import genrm
 from helpsteer_jax.judges.client import JudgeError, OpenAIJudge, served_models
 from helpsteer_jax.scoring import remote
+from helpsteer_jax.scoring.judge_budget import Budget
 from helpsteer_jax.scoring.scorer import context_groups, reward_rows
 
 VERIFIER = choices.GENRM_VERIFIER  # its name as a scorer source
-Answer = Callable[[Sequence[str]], Sequence[str]]  # judge prompts -> answers
+# judge prompts -> answers (None: not asked, the prompt over the judge's budget)
+Answer = Callable[[Sequence[str]], Sequence[str | None]]
 
 
 def verifier_rows(convs: Sequence[Conversation]) -> np.ndarray:
@@ -65,28 +71,56 @@ def context_of(conv: Conversation) -> Conversation:
 
 
 class GenrmJudge:
-  """Conversations -> [n, 9] rewards from a GenRM's judgements of each group's pairs."""
+  """Conversations -> [n, 9] rewards from a GenRM's judgements of each group's pairs;
+  `budget` is a local judge's (`answer` then has `tokens(prompt)`), None for a served
+  one."""
 
   def __init__(self, answer: Answer, aggregation: str = "mean_score",
-               guidelines: bool = True):
+               guidelines: bool = True, budget: Budget | None = None,
+               unparsed: float | None = None):
     if aggregation not in genrm.AGGREGATIONS:
       raise ConfigError(f"scorer.aggregation={aggregation!r}: expected one of"
                         f" {', '.join(genrm.AGGREGATIONS)}")
     self.answer = answer
     self.aggregation = aggregation
     self.guidelines = guidelines
+    self.budget, self.unparsed = budget, unparsed
     self.local_rows = 0
+    self.counts = {"answered": 0, "not_asked": 0, "not_parsed": 0}
+
+  def prompts(self, convs: Sequence[Conversation]) -> tuple[list[tuple[int, int]], list[str]]:
+    """The ordered pairs the judge compares and their judge prompts."""
+    pairs = judged_pairs(convs)
+    return pairs, [genrm.prompt(context_of(convs[i]), (convs[i].turns[-1].text,
+                                                       convs[j].turns[-1].text),
+                                self.guidelines) for i, j in pairs]
+
+  def prompt_tokens(self, group: Sequence[Conversation]) -> np.ndarray:
+    """[len(group)] each conversation's shortest judge prompt in tokens (its pairs')."""
+    pairs, prompts = self.prompts(list(group))
+    out = np.full(len(group), np.iinfo(np.int64).max, np.int64)
+    for (i, j), text in zip(pairs, prompts):
+      n = self.answer.tokens(text)
+      out[i], out[j] = min(out[i], n), min(out[j], n)
+    return out
 
   def __call__(self, convs: Sequence[Conversation]) -> np.ndarray:
     convs = list(convs)
     self.local_rows += len(convs)
-    pairs = judged_pairs(convs)
-    prompts = [genrm.prompt(context_of(convs[i]), (convs[i].turns[-1].text,
-                                                   convs[j].turns[-1].text), self.guidelines)
-               for i, j in pairs]
+    pairs, prompts = self.prompts(convs)
     answers = list(self.answer(prompts)) if prompts else []
-    judgements = [genrm.parse(text) for text in answers]
-    return reward_rows(genrm.aggregate(len(convs), pairs, judgements, self.aggregation))
+    judgements = [None if text is None else genrm.parse(text) for text in answers]
+    asked = [text is not None for text in answers]
+    self.counts["answered"] += sum(asked)
+    self.counts["not_asked"] += asked.count(False)
+    self.counts["not_parsed"] += sum(a and j is None for a, j in zip(asked, judgements))
+    reward = genrm.aggregate(len(convs), pairs, judgements, self.aggregation)
+    if self.unparsed is not None:  # answered, nothing parsed: the stand-in reward
+      answered = np.zeros(len(convs), bool)
+      for (i, j), a in zip(pairs, asked):
+        answered[[i, j]] |= a
+      reward[np.isnan(reward) & answered] = self.unparsed
+    return reward_rows(reward)
 
 
 class ServedAnswers:

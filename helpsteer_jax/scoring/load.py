@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import importlib
 import pathlib
-from typing import Any
+from typing import Any, Callable
 
 import ml_collections
 
@@ -49,20 +49,23 @@ from helpsteer_jax.config_reads import Reads
 from helpsteer_jax.config_sections import init_config
 from helpsteer_jax.data.features.regression_ids import RegressionTokenizer
 from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.judges import genrm as genrm_judges
 from helpsteer_jax.load import model as loader
 from helpsteer_jax.models import hf, reward_hf
 from helpsteer_jax.models.reward import RewardModel
 from helpsteer_jax.registry import LazyRegistry
 from helpsteer_jax.scoring import genrm, principle_judge, remote, rules
 from helpsteer_jax.scoring.combine import CombinedScorer
+from helpsteer_jax.scoring.judge_budget import Budget
 from helpsteer_jax.scoring.model import ModelScorer
 from helpsteer_jax.scoring.principle_verifier import VERIFIER, PrincipleVerifier
 from helpsteer_jax.scoring.scorer import HostScorer, PrimaryScorer, Scorer
 
 JUDGE_KINDS = tuple(choices.JUDGES)
 # What decodes a judge's answers on the mesh (the engine, a layer above this one: imported
-# by name when a run asks for it, as the model families are). genrm: (section, rt, key) ->
-# Scorer; principle's reasoning: (LocalJudge, model, rt, max_new_tokens) -> Scorer.
+# by name when a run asks for it, as the model families are). genrm: (section, rt, key,
+# unparsed) -> Scorer; principle's reasoning: (LocalJudge, model, rt, max_new_tokens) ->
+# Scorer.
 JUDGES = LazyRegistry(choices.JUDGES)
 
 
@@ -151,11 +154,14 @@ def check_source(source: str, key: str = "scorer.source") -> str:
 
 
 def judge_model(section: ml_collections.ConfigDict, rt: runtime.Runtime | None, source: str,
-                key: str, tokenizer_dir: str = "",
+                key: str, budget: Budget, bare_tokens: Callable[[Any], int],
+                tokenizer_dir: str = "",
                 config: ml_collections.ConfigDict | None = None) -> tuple[Any, Any]:
   """A generative judge's causal LM at `source` (an HF directory or a run) on `rt`'s mesh,
   loaded DECODE with `section.model`'s family and numerics (or `config`'s, which names
-  the source), and its tokenizer (`tokenizer_dir`, else its source's)."""
+  the source), and its tokenizer (`tokenizer_dir`, else its source's). Before the weights
+  load, the judge's prompt with no conversation in it (`bare_tokens(tokenizer)` tokens)
+  has to fit its `budget` (`judge_budget`): one that cannot judge anything is refused."""
   if rt is None:
     raise ValueError("a local judge needs the runtime's mesh")
   if config is None:
@@ -169,6 +175,8 @@ def judge_model(section: ml_collections.ConfigDict, rt: runtime.Runtime | None, 
   tokenizer = hf.load_tokenizer(runtime.find_tokenizer(
       tokenizer_dir, weights.hf_dir(init), weights.orbax_run(init),
       key=key.rsplit(".", 1)[0] + ".tokenizer"))
+  budget.check(bare_tokens(tokenizer),
+               "judge prompt, not even its own text with no conversation in it")
   model = loader.load_model(config, rt, loader.DECODE)
   runtime.check_tokenizer_fits(tokenizer, model.cfg.vocab_size,
                                "set --config.scorer.tokenizer to the judge's")
@@ -187,7 +195,11 @@ def principle_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime | N
     return PrimaryScorer(principle_judge.HttpJudge(source, str(section.principle),
                                                    int(section.batch_size),
                                                    max_new_tokens=steps))
-  model, tokenizer = judge_model(section, rt, source, key, tokenizer_dir)
+  budget = Budget(int(section.max_len), steps)
+  model, tokenizer = judge_model(
+      section, rt, source, key, budget,
+      lambda tok: principle_judge.bare_tokens(tok, bool(section.add_bos), steps > 0),
+      tokenizer_dir)
   judge = principle_judge.LocalJudge(model, rt, tokenizer, batch_size=int(section.batch_size),
                                      max_len=int(section.max_len),
                                      add_bos=bool(section.add_bos),
@@ -196,9 +208,12 @@ def principle_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime | N
 
 
 def load_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime | None,
-                key: str = "scorer.source", tokenizer=None) -> Scorer:
+                key: str = "scorer.source", tokenizer=None,
+                neutral_unparsed: bool = False) -> Scorer:
   """The scorer `section.source` names; `rt` (the mesh) is needed for a local model,
-  `tokenizer` (the policy's) for `principle_verifier`."""
+  `tokenizer` (the policy's) for `principle_verifier`. `neutral_unparsed`: a GenRM judge
+  gives a completion whose judgements were answered and none parsed the scale's neutral
+  reward (`judges.genrm.NEUTRAL`, RL's) instead of NaN (not scored)."""
   if section.get("principle_source"):
     judge_key = key.rsplit(".", 1)[0] + ".principle_source"
     judge = principle_scorer(section, rt, check_source(str(section.principle_source),
@@ -210,7 +225,7 @@ def load_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime | None,
   source = check_source(str(section.source or ""), key)
   judge = str(section.get("judge") or "")
   if judge:
-    return _judge(section, rt, key, judge, source)
+    return _judge(section, rt, key, judge, source, neutral_unparsed)
   if source == genrm.VERIFIER:
     return HostScorer(genrm.verifier_rows)
   if source == VERIFIER:
@@ -230,7 +245,7 @@ def load_scorer(section: ml_collections.ConfigDict, rt: runtime.Runtime | None,
 
 
 def _judge(section: ml_collections.ConfigDict, rt: runtime.Runtime | None, key: str,
-           judge: str, source: str) -> Scorer:
+           judge: str, source: str, neutral_unparsed: bool = False) -> Scorer:
   """A generative judge `judge` at `source`: served (a URL) or on the mesh."""
   if judge not in JUDGE_KINDS:
     raise ConfigError(f"{key.rsplit('.', 1)[0]}.judge={judge!r}: expected one of"
@@ -244,11 +259,56 @@ def _judge(section: ml_collections.ConfigDict, rt: runtime.Runtime | None, key: 
     raise ConfigError(f"{key.rsplit('.', 1)[0]}.judge_max_new_tokens="
                       f"{section.judge_max_new_tokens}: a GenRM writes its answer (its"
                       " analysis and \\boxed{} scores); give its budget in tokens")
+  unparsed = genrm_judges.NEUTRAL.get(section.aggregation) if neutral_unparsed else None
   if remote.is_url(source):
     return PrimaryScorer(genrm.GenrmJudge(
         genrm.ServedAnswers(source, section.judge_max_new_tokens, section.judge_model),
-        section.aggregation, bool(section.judge_guidelines)))
-  return JUDGES[judge](section, rt, key)
+        section.aggregation, bool(section.judge_guidelines), unparsed=unparsed))
+  return JUDGES[judge](section, rt, key, unparsed)
+
+
+def unscored_cause(section: ml_collections.ConfigDict, scorer: Scorer | None = None) -> str:
+  """Why `section`'s scorer leaves a conversation unscored (NaN), and what to change: by
+  its kind, with a GenRM judge's counts of how its judgements went when `scorer` is one
+  (a served one's are process 0's)."""
+  judge = str(section.get("judge") or "")
+  source = str(section.source or "")
+  if judge == "genrm":
+    return _genrm_cause(section, getattr(scorer, "fn", scorer), remote.is_url(source))
+  too_long = f"longer than scorer.max_len={int(section.max_len)}"
+  if judge == principle_judge.JUDGE:
+    return f"the principle judge's inputs are {too_long}: raise scorer.max_len"
+  if section.get("principle_source"):
+    return (f"the attribute model's input or the principle judge's ({section.principle_source})"
+            f" is {too_long}: raise scorer.max_len")
+  if source in (rules.DEMO_RULES, genrm.VERIFIER, VERIFIER) or is_factory(source):
+    return f"the scorer function {source} returned NaN for them"
+  drop = section.get("truncation") == "drop"
+  return (f"the attribute model's input is {too_long}"
+          f"{' (scorer.truncation=drop)' if drop else ''}: raise scorer.max_len"
+          f"{' or set scorer.truncation=truncate_left' if drop else ''}")
+
+
+def _genrm_cause(section: ml_collections.ConfigDict, judge: Any, served: bool) -> str:
+  counts = getattr(judge, "counts", None) or {}
+  known = bool(counts.get("answered") or counts.get("not_asked"))
+  neutral = getattr(judge, "unparsed", None) is not None  # a parse failure gets a reward
+  parse = not neutral and (bool(counts.get("not_parsed")) if known else True)
+  budget = bool(counts.get("not_asked")) if known else not served
+  causes = []
+  if parse or not budget:
+    causes.append("the GenRM judge's answers about them do not parse (no \\boxed{} scores"
+                  " and ranking in its format): judge with a model trained to answer in it,"
+                  " with scorer.judge_guidelines as it was trained")
+  if budget:
+    causes.append(f"their pairs' judge prompts are longer than scorer.max_len="
+                  f"{int(section.max_len)} - scorer.judge_max_new_tokens="
+                  f"{int(section.judge_max_new_tokens)} tokens: raise scorer.max_len or lower"
+                  " scorer.judge_max_new_tokens")
+  told = (f" (of {counts['answered'] + counts['not_asked']} pair judgements,"
+          f" {counts['not_parsed']} answers did not parse and {counts['not_asked']} prompts"
+          " were over that budget)" if known else "")
+  return "; or ".join(causes) + told
 
 
 def _local(source: str) -> bool:

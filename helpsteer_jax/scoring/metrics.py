@@ -77,10 +77,12 @@ def pairwise_accuracy(r_chosen: np.ndarray, r_rejected: np.ndarray) -> float:
 
 def accuracy_by_subset(r_chosen: np.ndarray, r_rejected: np.ndarray,
                        subsets: Sequence[str]) -> dict[str, dict[str, float]]:
-  """{subset: {count, accuracy}}."""
+  """{subset: {count, ties (equal rewards: wrong), accuracy}}."""
   subsets = np.asarray(subsets)
   right = np.asarray(r_chosen) > np.asarray(r_rejected)
-  return {s: {"count": int((subsets == s).sum()), "accuracy": float(right[subsets == s].mean())}
+  tie = np.asarray(r_chosen) == np.asarray(r_rejected)
+  return {s: {"count": int((subsets == s).sum()), "ties": int(tie[subsets == s].sum()),
+              "accuracy": float(right[subsets == s].mean())}
           for s in sorted(set(subsets.tolist()))}
 
 
@@ -95,4 +97,15 @@ def rewardbench_sections(by_subset: Mapping[str, Mapping[str, float]]) -> dict[s
       out[section] = float(np.sum(w * acc) / np.sum(w))
   if out:
     out["Score"] = float(np.mean(list(out.values())))
+  return out
+
+
+def rewardbench_section_counts(by_subset: Mapping[str, Mapping[str, float]]) -> dict[str, int]:
+  """The pairs each section of `rewardbench_sections` is computed over, and Score's (all
+  of the sections')."""
+  out = {section: sum(int(by_subset[s]["count"]) for s in subsets if s in by_subset)
+         for section, subsets in REWARDBENCH_SECTIONS.items()
+         if any(s in by_subset for s in subsets)}
+  if out:
+    out["Score"] = sum(out.values())
   return out

@@ -55,6 +55,7 @@ from helpsteer_jax.judges import principle
 from helpsteer_jax.models import builder
 from helpsteer_jax.models.reward import last_token_index
 from helpsteer_jax.runtime import Runtime
+from helpsteer_jax.scoring.judge_budget import Budget
 from helpsteer_jax.scoring.model import BucketedPass, length_batches, length_buckets, pad_batch
 from helpsteer_jax.scoring.remote import API_KEY_ENV
 from helpsteer_jax.scoring.scorer import reward_rows
@@ -71,6 +72,11 @@ def judge_prompt_text(conv: Conversation, fallback: str) -> str:
     raise ConfigError(f"conversation {conv.source or ''} names no principle: set"
                       " --config.scorer.principle (e.g. 'The response is accurate.') or"
                       " give the prompt rows a reference with a principle")
+  return _rendered(conv, text)
+
+
+def _rendered(conv: Conversation, text: str) -> str:
+  """The judge's prompt for `conv` and the principle `text`, up to its answer."""
   *context, response = conv.turns
   # The policy's default system prompt says nothing about the task: left out.
   system = "" if conv.system == template.DEFAULT_SYSTEM else conv.system
@@ -93,17 +99,37 @@ def judge_text(conv: Conversation, fallback: str, reasoning: str = "") -> str:
   return judge_prompt_text(conv, fallback) + continued(reasoning)
 
 
+def encode(text: str, tokenizer: Any, add_bos: bool) -> list[int]:
+  """`text`'s ids as one call of the tokenizer (the prompt encoder's rule)."""
+  return tokenize_pieces([template.Piece(text, False)], tokenizer, add_bos=add_bos).ids.tolist()
+
+
+def verdicts_of(tokenizer: Any) -> principle.VerdictTokens:
+  """The verdict tokens in `tokenizer`'s ids."""
+  return principle.verdict_tokens(lambda s: tokenizer(s, add_special_tokens=False)["input_ids"])
+
+
+def bare_tokens(tokenizer: Any, add_bos: bool, reasons: bool) -> int:
+  """The tokens of the judge's input with no conversation and no principle in it, its
+  fixed text alone, through the verdicts' shared leading ids (after a reasoning cut by
+  its budget when the judge `reasons`): what no judge input is shorter than."""
+  bare = Conversation("", (Turn("User", ""), Turn("Assistant", "")))
+  tail = "\n" + principle.JUDGEMENT if reasons else continued("")
+  return (len(encode(_rendered(bare, "") + tail, tokenizer, add_bos))
+          + len(verdicts_of(tokenizer).prefix))
+
+
 class LocalJudge(BucketedPass):
   """A causal LM judge on the mesh: conversations -> [n, 9] reward rows (NaN: the input
-  is longer than `max_len`)."""
+  is longer than `max_len`, its `budget`)."""
 
   def __init__(self, model: nnx.Module, rt: Runtime, tokenizer: Any, *, batch_size: int,
                max_len: int, add_bos: bool = True, principle_text: str = ""):
     sharding_lib.check_batch(batch_size, rt.mesh, rt.rules, "the scoring batch")
     self.tokenizer, self.add_bos, self.principle = tokenizer, add_bos, principle_text
-    self.tokens = principle.verdict_tokens(
-        lambda s: tokenizer(s, add_special_tokens=False)["input_ids"])
+    self.tokens = verdicts_of(tokenizer)
     self.batch_size, self.buckets = int(batch_size), length_buckets(max_len)
+    self.budget = Budget(int(max_len), 0)
     self.local_rows = 0
     self._host_rows = sharding_lib.host_local_batch_slice(batch_size)
     self._lock = threading.Lock()
@@ -127,13 +153,16 @@ class LocalJudge(BucketedPass):
 
   def encode(self, text: str) -> list[int]:
     """`text`'s ids as one call of the tokenizer (the prompt encoder's rule)."""
-    return tokenize_pieces([template.Piece(text, False)], self.tokenizer,
-                           add_bos=self.add_bos).ids.tolist()
+    return encode(text, self.tokenizer, self.add_bos)
 
   def ids(self, text: str) -> list[int]:
     """The judge's input ids for `text` (through its `Final Judgement:`), then the
     verdicts' shared leading ids."""
     return self.encode(text) + list(self.tokens.prefix)
+
+  def prompt_tokens(self, group: Sequence[Conversation]) -> np.ndarray:
+    """[len(group)] each conversation's judge input in tokens."""
+    return np.asarray([len(self.ids(judge_text(c, self.principle))) for c in group])
 
   def verdicts(self, texts: Sequence[str]) -> np.ndarray:
     """[n, 2] float64 (log p(yes), log p(no)) after each judge input `texts[i]`; NaN rows

@@ -24,15 +24,23 @@ def attribute_table(metrics: dict[str, dict[str, float]]) -> str:
   return "\n".join(lines)
 
 
+def section_count(result: dict, section: str) -> int:
+  """The pairs a RewardBench section's figure (or Score) was computed over."""
+  return result.get("section_counts", {}).get(section, 0)
+
+
 def pairs_table(title: str, result: dict) -> str:
-  """Overall, per-section and per-subset pairwise accuracy as a Markdown table."""
-  lines = [f"| {title} | n | accuracy |", "|---|---|---|",
-           f"| all | {result['count']} | {_fmt(result['accuracy'])} |"]
+  """Overall, per-section and per-subset pairwise accuracy as a Markdown table, each with
+  the pairs it was computed over (n: pairs judged) and, overall and per subset, the ties
+  among them (equal rewards: wrong)."""
+  lines = [f"| {title} | n | ties | accuracy |", "|---|---|---|---|",
+           f"| all | {result['count']} | {result.get('ties', '')} | {_fmt(result['accuracy'])} |"]
   for section, acc in result.get("sections", {}).items():
-    lines.append(f"| section: {section} | | {_fmt(acc)} |")
+    lines.append(f"| section: {section} | {section_count(result, section)} | |"
+                 f" {_fmt(acc)} |")
   for subset, m in result.get("by_subset", {}).items():
     if subset:
-      lines.append(f"| {subset} | {m['count']} | {_fmt(m['accuracy'])} |")
+      lines.append(f"| {subset} | {m['count']} | {m.get('ties', '')} | {_fmt(m['accuracy'])} |")
   return "\n".join(lines)
 
 
@@ -47,23 +55,35 @@ def rm_bench_table(result: dict) -> str:
   return "\n".join(lines)
 
 
-def grouped_table(title: str, result: dict, figure: str, groups: str) -> str:
+def grouped_table(title: str, result: dict, figure: str, groups: str,
+                  judged: bool = False) -> str:
   """`result[figure]` overall and per group (`result[groups]`) as a Markdown table:
-  JudgeBench's accuracy per category, RewardBench 2's score per subset."""
-  lines = [f"| {title} | n | {figure} |", "|---|---|---|",
-           f"| all | {result['count']} | {_fmt(result[figure])} |"]
-  for name, m in result[groups].items():
-    lines.append(f"| {name} | {m['count']} | {_fmt(m[figure])} |")
+  JudgeBench's accuracy per category (with `judged`: the pairs with a decision beside
+  the pairs), RewardBench 2's score per subset."""
+  def row(name: str, m: dict) -> str:
+    count = f"{m['count']} | {m['judged']}" if judged else f"{m['count']}"
+    return f"| {name} | {count} | {_fmt(m[figure])} |"
+
+  head = f"| {title} | n | {'judged | ' if judged else ''}{figure} |"
+  lines = [head, "|---|---|" + ("---|" if judged else "") + "---|", row("all", result)]
+  lines += [row(name, m) for name, m in result[groups].items()]
   return "\n".join(lines)
 
 
 _BENCHMARK_TABLES = {
     "rm_bench": rm_bench_table,
-    "judgebench": lambda r: grouped_table("JudgeBench", r, "accuracy", "by_category"),
+    "judgebench": lambda r: grouped_table("JudgeBench", r, "accuracy", "by_category", True),
     "rewardbench2": lambda r: grouped_table("RewardBench 2", r, "score", "by_subset")}
-# A benchmark's column in the variants table: (title, its headline figure's result key)
-_HEADLINES = {"rm_bench": ("RM-Bench", "overall"), "judgebench": ("JudgeBench", "accuracy"),
-              "rewardbench2": ("RewardBench 2", "score")}
+# A benchmark's column in the variants table: (title, its headline figure's result key, the
+# key of the count that figure is computed over)
+_HEADLINES = {"rm_bench": ("RM-Bench", "overall", "count"),
+              "judgebench": ("JudgeBench", "accuracy", "judged"),
+              "rewardbench2": ("RewardBench 2", "score", "count")}
+
+
+def judged(name: str, result: dict) -> int:
+  """The items a set's headline figure was computed over (a pair set's: its pairs)."""
+  return result[_HEADLINES[name][2]] if name in _HEADLINES else result["count"]
 
 
 def set_table(name: str, result: dict) -> str:
@@ -76,7 +96,8 @@ def variants_table(variants: dict[str, dict]) -> str:
   """One row per variant: its reward, the HelpSteer2- and HelpSteer3-Preference pairwise
   accuracy, the RewardBench sections (and their mean, Score) and the benchmarks'
   headline figures (RM-Bench overall, JudgeBench accuracy, RewardBench 2 score), each
-  where evaluated, as a Markdown table."""
+  where evaluated with the count it was computed over in parentheses, as a Markdown
+  table."""
   sections = [name for name in (*REWARDBENCH_SECTIONS, "Score")
               if any(name in v.get("rewardbench", {}).get("sections", {})
                      for v in variants.values())]
@@ -89,13 +110,21 @@ def variants_table(variants: dict[str, dict]) -> str:
           *(f"RB {s}" for s in sections), *(_HEADLINES[b][0] for b in benchmarks)]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for name, v in variants.items():
-    accuracy = [v.get(key, {}).get("accuracy", float("nan")) for key, _ in pair_sets]
-    rb = v.get("rewardbench", {}).get("sections", {})
-    cells = [name, v["reward"], *map(_fmt, accuracy),
-             *(_fmt(rb.get(s, float("nan"))) for s in sections),
-             *(_fmt(v.get(b, {}).get(_HEADLINES[b][1], float("nan"))) for b in benchmarks)]
+    rb = v.get("rewardbench", {})
+    cells = [name, v["reward"],
+             *(_cell(v[key]["accuracy"], v[key]["count"]) if key in v else _fmt(None)
+               for key, _ in pair_sets),
+             *(_cell(rb["sections"][s], section_count(rb, s))
+               if s in rb.get("sections", {}) else _fmt(None) for s in sections),
+             *(_cell(v[b][_HEADLINES[b][1]], judged(b, v[b])) if b in v
+               else _fmt(None) for b in benchmarks)]
     lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
+
+
+def _cell(value: float, count: int) -> str:
+  """A figure and, in parentheses, the count it was computed over."""
+  return f"{_fmt(value)} ({count})"
 
 
 def plot_attributes(preds: np.ndarray, labels: np.ndarray, path: str | pathlib.Path,

@@ -20,8 +20,8 @@ import ml_collections
 
 from helpsteer_jax import multihost, processes, weights
 from helpsteer_jax.config_reads import Reads
-from helpsteer_jax.errors import ConfigError, HelpsteerError
-from helpsteer_jax.eval import mt_bench_data, mt_bench_judgments, mt_bench_report
+from helpsteer_jax.errors import ConfigError, EvaluationError, HelpsteerError
+from helpsteer_jax.eval import mt_bench_data, mt_bench_grading, mt_bench_judgments, mt_bench_report
 from helpsteer_jax.eval.mt_bench_answers import answer_all
 from helpsteer_jax.inference import steering
 from helpsteer_jax.judges.client import JudgmentCache, OpenAIJudge
@@ -184,6 +184,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                   "judgments": workdir / "judgments.jsonl",
                                   "table": workdir / "mt_bench.md",
                                   "plot": workdir / "mt_bench.png"})
+  if not info["failed"] and multihost.on_primary(lambda: bool(rows) and all(
+      r["score"] == mt_bench_grading.UNPARSED for r in rows)):
+    why = (load.unscored_cause(config.scorer) if config.judge.kind == "attribute_model"
+           else f"no reply of judge.model={config.judge.model} holds a [[rating]]")
+    raise EvaluationError(f"evaluate_generation: none of the {len(questions)} questions'"
+                          f" answer turns was judged (mt_bench.json: unparsed): {why}")
   if info["failed"]:
     raise JudgingIncomplete(f"{info['failed']} judge requests failed after"
                             f" {config.judge.max_retries} retries (see the lines above); the"

@@ -39,16 +39,16 @@ from helpsteer_jax import multihost, processes
 from helpsteer_jax.data.formats import benchmarks, helpsteer, helpsteer3, preference
 from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.records import ATTRIBUTES
-from helpsteer_jax.errors import ConfigError
+from helpsteer_jax.errors import ConfigError, EvaluationError
 from helpsteer_jax.progress import Progress
 from helpsteer_jax.runs import demo_sources
 from helpsteer_jax.runs import setup as setup_lib
 from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.scoring import evaluate as rm_eval
+from helpsteer_jax.scoring import judge_budget, rewards
 from helpsteer_jax.scoring import report as rm_report
-from helpsteer_jax.scoring import rewards
 from helpsteer_jax.scoring.benchmarks import BENCHMARKS
-from helpsteer_jax.scoring.load import check_source, load_scorer, scorer_reads
+from helpsteer_jax.scoring.load import check_source, load_scorer, scorer_reads, unscored_cause
 
 
 def _warn(report: BadRecordReport, what: str) -> int:
@@ -115,6 +115,29 @@ def _evaluate(name: str, scorer, rows, weights: np.ndarray, on_batch) -> dict:
   return rm_eval.evaluate_pairs(scorer, rows, weights, on_batch)
 
 
+def check_fits(scorer, sets: dict) -> None:
+  """Before anything compiles: a generative judge's budget fits some of the sets' judge
+  prompts (`judge_budget.fitting`: ConfigError when none, a warning with the count of
+  those that cannot be judged)."""
+  groups = [g for name in SCORED_SETS if name in sets for g in (
+      BENCHMARKS[name].groups(sets[name]) if name in BENCHMARKS
+      else [(p.chosen, p.rejected) for p in sets[name] if p.strength != 0])]
+  judge_budget.fitting(scorer, groups, "evaluation row")
+
+
+def unjudged(results: dict, sets: dict, section, scorer) -> str:
+  """"" when every set with something to judge judged some of it; else which judged
+  nothing, why (`load.unscored_cause`) and what to change."""
+  empty = [name for name in SCORED_SETS if name in results and _size(name, sets[name])
+           and not rm_report.judged(name, results[name])]
+  if sets.get("attributes") and results.get("attributes_dropped") == len(sets["attributes"]):
+    empty.insert(0, "attributes")
+  if not empty:
+    return ""
+  return (f"nothing of {', '.join(empty)} was scored (every response unscored, NaN):"
+          f" {unscored_cause(section, scorer)}")
+
+
 def _sources(config, workdir: pathlib.Path) -> tuple[str, str, str]:
   data = config.data
   validation, pairs = data.validation_path, data.preference_path
@@ -128,28 +151,30 @@ def _sources(config, workdir: pathlib.Path) -> tuple[str, str, str]:
 
 
 def evaluate_variants(config, rt, variants: list[Variant], sets: dict,
-                      weights: np.ndarray) -> dict:
-  """{variant: {source, reward, <set>: its pair or benchmark result}}, one model loaded at
-  a time."""
+                      weights: np.ndarray) -> tuple[dict, dict[str, str]]:
+  """({variant: {source, reward, <set>: its pair or benchmark result}}, {variant: what it
+  judged nothing of, `unjudged`}), one model loaded at a time."""
   names = [n for n in SCORED_SETS if n in sets]
   total = len(variants) * sum(_size(n, sets[n]) for n in names)
   progress = Progress(total=total, initial=0, desc="evaluate_rm variants")
-  out = {}
+  out, problems = {}, {}
   try:
     for variant in variants:
       section = config.scorer.copy_and_resolve_references()
       section.source = variant.source
       scorer = load_scorer(section, rt, key=f"variants[{variant.name}]")
+      check_fits(scorer, sets)
       w = variant.weights(weights)
       out[variant.name] = {"source": variant.source,
                            "reward": variant.attribute or "scorer.weights",
                            "reward_weights": w.tolist()}
       for name in names:
         out[variant.name][name] = _evaluate(name, scorer, sets[name], w, progress.update)
+      problems[variant.name] = unjudged(out[variant.name], sets, section, scorer)
       del scorer
   finally:
     progress.close()
-  return out
+  return out, problems
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -160,6 +185,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   validation, pairs_path, rewardbench_path = _sources(config, workdir)
   bad = BadRecordReport()
   sets = {}
+  if config.scorer.get("judge") and validation:  # one reward: no attribute to compare
+    if data.validation_path:
+      raise ConfigError(f"scorer.judge={config.scorer.judge} gives one reward per response,"
+                        " not the attributes data.validation_path's metrics compare: leave it"
+                        " empty and give preference pairs or benchmarks")
+    validation = ""
   if validation and not variants:
     sets["attributes"] = helpsteer.read_records(validation, data.validation_split, data.format,
                                               data.on_bad_record, bad)
@@ -184,13 +215,17 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
         data.rewardbench2_path, data.rewardbench2_split, data.on_bad_record, bad)
   _warn(bad, "evaluation data")
   if variants:
-    report = {"variants": evaluate_variants(config, setup.rt, variants, sets, weights),
-              "bad_records": bad.total}
+    results, problems = evaluate_variants(config, setup.rt, variants, sets, weights)
+    report = {"variants": results, "bad_records": bad.total}
     summary_lib.write_summary(workdir / "rm_report.json", report,
                               rm_report.variants_table(report["variants"]))
+    if any(problems.values()):
+      raise EvaluationError("evaluate_rm: " + "; ".join(
+          f"variant {name}: {problem}" for name, problem in problems.items() if problem))
     return report
 
   scorer = load_scorer(config.scorer, setup.rt)
+  check_fits(scorer, sets)
   total = sum(_size(k, v) for k, v in sets.items())
   progress = Progress(total=total, initial=0, desc="evaluate_rm")
   report = {"reward_weights": weights.tolist(), "bad_records": bad.total}
@@ -213,4 +248,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   multihost.report_split("evaluate_rm: sequences scored", scorer.local_rows)
   summary_lib.write_summary(workdir / "rm_report.json", report, "\n\n".join(tables),
                             outputs={"plot": workdir / "rm_attributes.png"})
+  problem = unjudged(report, sets, config.scorer, scorer)
+  if problem:
+    raise EvaluationError(f"evaluate_rm: {problem}")
   return report

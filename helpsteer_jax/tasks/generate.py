@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import pathlib
 import time
+from typing import Sequence
 
 import ml_collections
 from absl import logging
@@ -29,7 +30,7 @@ from helpsteer_jax.config_reads import Reads
 from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import best_of_n as best_of_n_lib
 from helpsteer_jax.inference import chat as chat_lib
-from helpsteer_jax.inference import steering
+from helpsteer_jax.inference import sample_score, steering
 from helpsteer_jax.inference.generator import Generator
 from helpsteer_jax.inference.sampling import SamplingConfig
 from helpsteer_jax.runs import setup as setup_lib
@@ -62,9 +63,16 @@ def config_reads() -> list:
                 lambda c: c.best_of_n.n > 1), *scorer_reads()]
 
 
-def best_of_n_scorer(config: ml_collections.ConfigDict, rt: runtime.Runtime) -> Scorer | None:
-  """The best-of-n scorer, `config.scorer`'s (None for n = 1)."""
-  return load_scorer(config.scorer, rt) if config.best_of_n.n > 1 else None
+def best_of_n_scorer(config: ml_collections.ConfigDict, rt: runtime.Runtime,
+                     requests: Sequence[steering.Request] = ()) -> Scorer | None:
+  """The best-of-n scorer, `config.scorer`'s (None for n = 1). A generative judge whose
+  budget has room for none of `requests` is refused before anything compiles (a request
+  it has no room for keeps its first candidate: none is judged)."""
+  if config.best_of_n.n < 2:
+    return None
+  scorer = load_scorer(config.scorer, rt)
+  sample_score.judged(scorer, requests, "prompt")
+  return scorer
 
 
 def answer_all(generator: Generator, requests: list, config: ml_collections.ConfigDict,
@@ -113,7 +121,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   out_path.parent.mkdir(parents=True, exist_ok=True)
   start = time.perf_counter()
   done = answer_all(generator, requests, config, sampling, out_path,
-                    best_of_n_scorer(config, setup.rt))
+                    best_of_n_scorer(config, setup.rt, requests))
   seconds = time.perf_counter() - start
   logging.info("compiled decode variants: %d", generator.engine.compiled_variants)
   multihost.report_split("generate: rows decoded", generator.engine.local_rows)

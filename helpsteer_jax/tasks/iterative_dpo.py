@@ -22,9 +22,10 @@ from absl import logging
 
 from helpsteer_jax import processes
 from helpsteer_jax.data import template
+from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.data.records import HELPSTEER_ATTRIBUTES
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.inference import best_of_n, steering
+from helpsteer_jax.inference import best_of_n, sample_score, steering
 from helpsteer_jax.inference.sampling import SamplingConfig
 from helpsteer_jax.load import model as loader
 from helpsteer_jax.losses.dpo2d import SEQUENCE_LOSSES
@@ -68,11 +69,12 @@ def check(config: ml_collections.ConfigDict) -> None:
     raise ConfigError("; ".join(problems))
 
 
-def _requests(config, attributes, which: str) -> list[steering.Request]:
+def _requests(config, attributes, which: str, report: BadRecordReport
+              ) -> list[steering.Request]:
   """The train or eval prompts (`runs.prompts`), every one asking for the run's attributes
-  (the pairs train under that one label)."""
+  (the pairs train under that one label); skipped bad rows counted in `report`."""
   path = config.prompts.train_path if which == "train" else config.prompts.eval_path
-  requests = prompts.read_requests(path, which, attributes, config)
+  requests = prompts.read_requests(path, which, attributes, config, report)
   for r in requests:
     r.attributes = dict(attributes)
   return requests[:config.prompts.eval_limit or None] if which == "eval" else requests
@@ -192,10 +194,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   spec = policy.source_spec(config)
   attributes = steering.run_attributes(config, spec)
   label = template.label_string(attributes) if attributes else ""
-  train, held_out = (rounds.fitting(_requests(config, attributes, which), setup.tokenizer,
+  bad = BadRecordReport()
+  train, held_out = (rounds.fitting(_requests(config, attributes, which, bad), setup.tokenizer,
                                     config, config.sampling.max_new_tokens, f"{which} prompts")
                      for which in ("train", "eval"))
   scorer = load_scorer(config.scorer, setup.rt)
+  # Prompts a generative judge has no room to judge would give no pair: left out.
+  train, held_out = ([r for r, ok in zip(requests, sample_score.judged(scorer, requests,
+                                                                        f"{which} prompt"))
+                      if ok] for requests, which in ((train, "training"), (held_out, "eval")))
   weights = scoring_rewards.weight_vector(config.scorer.weights.to_dict())
   if not rounds.exists(rounds.round_dir(setup.workdir, 0) / EVAL):
     evaluate(config, setup, 0, held_out, scorer, weights)
@@ -216,13 +223,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   summary = {"status": status, "iterations": config.iterations,
              "eval_reward": {r: e and e["reward"] for r, e in evals.items()},
              "eval_attributes": {r: e and e["attributes"] for r, e in evals.items()},
-             "table": table}
+             "table": table, "bad_records": bad.total}
   last = rounds.round_dir(setup.workdir, config.iterations)
   summary_lib.write_summary(
       setup.workdir / "summary.json", summary,
       f"iterative_dpo: {status}; greedy answers to {len(held_out)} held-out prompts per"
       f" iteration (0 = the starting policy): mean reward and mean prediction per"
-      f" attribute:\n{table}",
+      f" attribute:\n{table}", *summary_lib.skipped_lines(bad),
       outputs={"greedy answers, iteration 0": rounds.round_dir(setup.workdir, 0) / EVAL,
                f"greedy answers, iteration {config.iterations}": last / EVAL,
                "last round's pairs": last / PAIRS, "last round's HF model": last / "hf"})

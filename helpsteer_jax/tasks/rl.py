@@ -12,6 +12,7 @@ adapters: the same weights with the adapters off). The loop is
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -22,8 +23,9 @@ from absl import logging
 from helpsteer_jax import runtime
 from helpsteer_jax import sharding as sharding_lib
 from helpsteer_jax.data.batches import ROLLOUT_BATCH
+from helpsteer_jax.data.formats.rows import BadRecordReport
 from helpsteer_jax.errors import ConfigError
-from helpsteer_jax.inference import generator, steering
+from helpsteer_jax.inference import generator, sample_score, steering
 from helpsteer_jax.models import builder
 from helpsteer_jax.rl import critic as critic_lib
 from helpsteer_jax.rl import objective, off_policy, report, resident, rollout, settings
@@ -34,7 +36,7 @@ from helpsteer_jax.runs import prompts as prompts_lib
 from helpsteer_jax.runs import setup as setup_lib
 from helpsteer_jax.runs import summary as summary_lib
 from helpsteer_jax.scoring import rewards as scoring_rewards
-from helpsteer_jax.scoring.load import load_scorer, scorer_reads
+from helpsteer_jax.scoring.load import load_scorer, scorer_reads, unscored_cause
 from helpsteer_jax.scoring.principle_verifier import VERIFIER as PRINCIPLE_VERIFIER
 from helpsteer_jax.train import abstract_step, export
 
@@ -129,7 +131,20 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
     raise ConfigError(f"scorer.source={PRINCIPLE_VERIFIER} reads each rollout's own"
                       " log-probabilities of its verdict: set rollout.max_staleness=0 and"
                       " rollout.multi_turn=false")
-  scorer = load_scorer(config.scorer, rt, tokenizer=tokenizer)
+  # The prompts before any weights load: a bad row or none that fits fails at once.
+  bad = BadRecordReport()
+  read = functools.partial(prompts_lib.read_prompts, config, attributes, tokenizer,
+                           config.rollout.add_bos, config.train.seq_len - s.max_new_tokens,
+                           multi_turn=s.max_new_tokens if s.multi_turn else 0, report=bad)
+  train_prompts, eval_prompts = read("train"), read("eval")
+  # A judge's answers that do not parse give the neutral reward (`judges.genrm.NEUTRAL`).
+  scorer = load_scorer(config.scorer, rt, tokenizer=tokenizer, neutral_unparsed=True)
+  # Prompts a judge has no room to judge would stop the run when drawn: left out.
+  train_prompts, eval_prompts = (
+      [p for p, ok in zip(prompts, sample_score.judged(scorer, [p.request for p in prompts],
+                                                       f"{which} prompt")) if ok]
+      for prompts, which in ((train_prompts, "training"), (eval_prompts, "eval")))
+  s = dataclasses.replace(s, unscored=unscored_cause(config.scorer, scorer))
   weights = scoring_rewards.weight_vector(config.scorer.weights.to_dict())
   parts, fresh_adapters = policy.load_policy(config, rt)
   reference = _reference(config, s, parts, rt, fresh_adapters)
@@ -150,13 +165,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       micro_batch=config.train.micro_batch, chunk_size=config.train.loss_chunk_size,
       temperature=s.temperature, pad_id=int(pad))
   trainer = RLTrainer(
-      config, workdir, rt, parts, s, make_engine, scorer, weights, [], [], reference,
+      config, workdir, rt, parts, s, make_engine, scorer, weights, train_prompts,
+      eval_prompts, reference,
       export.hf_exporter(workdir, setup.tokenizer_dir, tokenizer, parts, config, spec,
                          "RL-trained policy"), critic, teacher, ahead)
-  max_prompt = config.train.seq_len - s.max_new_tokens
-  read = functools.partial(prompts_lib.read_prompts, config, attributes, tokenizer, ro.add_bos,
-                           max_prompt, multi_turn=s.max_new_tokens if s.multi_turn else 0)
-  trainer.train_prompts, trainer.eval_prompts = read("train"), read("eval")
   logging.info("rl: %s, %d training prompts, %d eval prompts, attributes %s", s.algorithm.name,
                len(trainer.train_prompts), len(trainer.eval_prompts), attributes or "none")
   result = trainer.run()
@@ -168,13 +180,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
              "algorithm": s.algorithm.name, "train": result.last_metrics,
              **report.first_and_last(records),
              "eval": result.eval_history, "export": summary_lib.export_field(result),
-             "plot": str(plot) if plot else None}
+             "plot": str(plot) if plot else None,
+             "bad_records": bad.total}
   summary_lib.write_summary(
       workdir / "summary.json", summary,
       f"rl: {result.status} at iteration {result.step} ({s.algorithm.name});"
       f" {report.progress_line(records, len(trainer.eval_prompts))}; KL"
       f" {result.last_metrics.get('kl', float('nan')):.3f}"
       f"{summary_lib.outcome_text(result, 'iteration')}",
+      *summary_lib.skipped_lines(bad),
       outputs={"curves": workdir / "rl_curves.png", "samples": workdir / "samples",
                **summary_lib.run_outputs(workdir)})
   return summary

@@ -99,8 +99,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   # Compiling frees gigabytes in small pieces that glibc would keep resident.
   cpu_env.trim_after_compiles()
   setup = setup_lib.prepare(config, workdir, tokenizer=False, model=False)
-  policy = backend.load_policy(config, setup.rt, setup.workdir)
+  # The scorer first: a judge whose budget cannot work is refused before the policy loads.
   attribute_model = backend.load_attribute_model(config, setup.rt)
+  policy = backend.load_policy(config, setup.rt, setup.workdir)
   start = time.perf_counter()
   if config.serve.warmup:
     # Every length bucket of the scorer too: no compile while serving.

@@ -74,9 +74,10 @@ def _names(config, spec) -> tuple[str, ...]:
   return tuple(spec.attributes) or HELPSTEER_ATTRIBUTES
 
 
-def _labelled_rows(config, held_out: bool = False) -> list[tuple[str, dict[str, int]]]:
+def _labelled_rows(config, held_out: bool = False, report: BadRecordReport | None = None
+                   ) -> list[tuple[str, dict[str, int]]]:
   """(prompt, labels) of the training (or held-out) data: HelpSteer / HelpSteer2 rows, or
-  the demo's."""
+  the demo's; bad rows per `data.on_bad_record` (skipped ones counted in `report`)."""
   pc = config.prompts
   path = pc.eval_path if held_out else pc.train_path
   if not path:
@@ -85,31 +86,29 @@ def _labelled_rows(config, held_out: bool = False) -> list[tuple[str, dict[str, 
     return [(r["prompt"], {n: r[n] for n in HELPSTEER_ATTRIBUTES})
             for r in demo_rows.demo_rows(n, seed)]
   kind, location = resolve_source(path)
-  report = BadRecordReport()
-  rows = [(p, s) for _, (p, _, s) in iter_checked_rows(
+  return [(p, s) for _, (p, _, s) in iter_checked_rows(
       iter_rows(kind, location), location, lambda r, w: helpsteer_fields(r),
       config.data.on_bad_record, report)]
-  if report.total:
-    logging.warning("%s: %s", location, report.summary())
-  return rows
 
 
 def read_requests(config: ml_collections.ConfigDict, names: tuple[str, ...],
-                  defaults: dict[str, int], held_out: bool = False) -> list[steering.Request]:
+                  defaults: dict[str, int], held_out: bool = False,
+                  report: BadRecordReport | None = None) -> list[steering.Request]:
   """The training (or held-out: `prompts.eval_path`, the first `eval.requests`) prompts
   with their requested attributes: each row's own labels (`prompts.attributes=labels`:
   the data's label distribution) or the run's (`run`: `steer`, and a JSONL row's own
-  `attributes`)."""
+  `attributes`). Bad rows per `data.on_bad_record` (skipped ones counted in `report`)."""
   pc = config.prompts
   path = pc.eval_path if held_out else pc.train_path
   if pc.attributes == "labels":
     out = [steering.make_request(p, {n: s[n] for n in names if n in s}, pc.system)
-           for p, s in _labelled_rows(config, held_out)]
+           for p, s in _labelled_rows(config, held_out, report)]
   elif path:
-    out = steering.read_requests(path, defaults, pc.system)
+    out = steering.read_requests(path, defaults, pc.system,
+                                 on_bad_record=config.data.on_bad_record, report=report)
   else:
     out = [steering.make_request(p, defaults, pc.system)
-           for p, _ in _labelled_rows(config, held_out)]
+           for p, _ in _labelled_rows(config, held_out, report)]
   return out[:config.eval.requests] if held_out else out
 
 
@@ -232,7 +231,7 @@ def train_round(config, setup, r: int, spec) -> loop.RunResult:
   """Round r's training on its groups file, from round r-1's weights."""
   rdir = rounds.round_dir(setup.workdir, r)
   cr = rounds.round_config(config, setup.workdir, r)
-  groups = groups_lib.read_groups(rdir / SAMPLES)
+  groups = groups_lib.read_groups(rdir / SAMPLES, config.data.on_bad_record)
   examples, _, report = steerlm2_rows.group_examples(
       groups, setup.tokenizer, config.train.seq_len, config.data.truncation,
       config.data.add_bos)
@@ -344,8 +343,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   names = _names(config, spec)
   # A source without labels steers NeMo's nine here: SteerLM 2.0 trains it to.
   defaults = steering.run_attributes(config, spec if spec.attributes else None)
-  requests = rounds.fitting(read_requests(config, names, defaults), setup.tokenizer, config,
-                            config.sampling.max_new_tokens, "steerlm2 training prompts")
+  bad = BadRecordReport()
+  requests = rounds.fitting(read_requests(config, names, defaults, report=bad),
+                            setup.tokenizer, config, config.sampling.max_new_tokens,
+                            "steerlm2 training prompts")
   scorer = load_scorer(config.scorer, setup.rt)
   status = "finished"
   if not rounds.exists(rounds.round_dir(setup.workdir, 0) / ADHERENCE):
@@ -361,7 +362,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       summary_lib.write_summary(rdir / rounds.SUMMARY, summary_lib.training_summary(result))
     if not rounds.exists(rdir / ADHERENCE):
       evaluate(config, setup, r, names, defaults, scorer)
-  summary = {"status": status, "iterations": config.iterations}
+  summary = {"status": status, "iterations": config.iterations, "bad_records": bad.total}
   if processes.is_primary():
     summary.update(_report(config, setup.workdir))
   last = rounds.round_dir(setup.workdir, config.iterations)
@@ -370,6 +371,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       f"steerlm2: {status}; attribute adherence on held-out requests (mean absolute error of"
       f" the attribute model's predictions to the requested values):\n"
       f"{summary.get('table', '')}\nsteering sweeps:\n{summary.get('sweep_table', '')}",
+      *summary_lib.skipped_lines(bad),
       outputs={"adherence (held-out requests)": setup.workdir / "adherence_requests.md",
                "adherence (sweeps)": setup.workdir / sweep_report.COMPARE_TABLE,
                "adherence plot": setup.workdir / sweep_report.COMPARE_PLOT,

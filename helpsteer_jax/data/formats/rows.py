@@ -300,7 +300,7 @@ def iter_checked_rows(rows: Iterable[tuple[int, Any]], location: str,
     except BadRecord as bad:
       prefix = f"row {line}: " if by_row else ""
       if on_bad_record == "error":
-        raise DataError(location, line, prefix + str(bad)) from None
+        raise DataError(location, line, prefix + str(bad), skippable=True) from None
       local.add(location, line, bad.reason, prefix + bad.detail)
   if local.total:
     log.warning("%s: %s", location, local.summary())
