@@ -208,11 +208,13 @@ def scorer(inputs: dict) -> tuple[str, ...]:
 
 def rl_args(task_inputs, workdir, *extra: str) -> tuple[str, ...]:
   """GRPO with a host-side scorer (split over the processes) and two updates per
-  iteration."""
+  iteration; the demo prompts unless `extra` names a prompts.train_path."""
+  demo = () if any(a.startswith("--config.prompts.train_path=") for a in extra) else (
+      "--config.prompts.demo_train_prompts=16",)
   return ("--config=configs/rl.py", *MODEL, *MESH, "--config.init.source=",
           f"--config.tokenizer={task_inputs['tokenizer']}",
           "--config.scorer.source=fake_scorer:make_brevity",
-          "--config.prompts.demo_train_prompts=16", "--config.prompts.eval_limit=4",
+          *demo, "--config.prompts.eval_limit=4",
           "--config.rollout.prompts_per_iteration=4", "--config.rollout.samples_per_prompt=4",
           "--config.rollout.max_new_tokens=12", "--config.train.num_steps=2",
           "--config.train.global_batch=8", "--config.train.micro_batch=8",

@@ -40,13 +40,13 @@ def test_dapo_multi_turn_with_the_sampler_correction_is_the_same_on_two_processe
                                                [: 1 + i % 3]}) + "\n" for i in range(8)))
 
   def args(workdir):
-    base = [a for a in tg.rl_args(task_inputs, workdir)
+    base = [a for a in tg.rl_args(task_inputs, workdir, f"--config.prompts.train_path={path}",
+                                  f"--config.prompts.eval_path={path}")
             if not a.startswith("--config.scorer.source")]
     return (*base, "--config.algorithm=dapo", "--config.scorer.source=fake_scorer:make_binary",
             "--config.loss.dynamic_sampling_rounds=2", "--config.rollout.dtype=bfloat16",
             "--config.loss.sampler_correction=token_truncate",
-            "--config.rollout.multi_turn=true", "--config.rollout.multi_turn_reward=each",
-            f"--config.prompts.train_path={path}", f"--config.prompts.eval_path={path}")
+            "--config.rollout.multi_turn=true", "--config.rollout.multi_turn_reward=each")
 
   one, two = _one_and_two(tmp_path, args, "dynamic_rounds")
   assert any(r["turns"] > 1.0 for r in one)
