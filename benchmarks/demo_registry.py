@@ -80,9 +80,16 @@ def _steerlm2_settings_rows(out: Outputs) -> list[list[str]]:
 
 def _variants_rows(out: Outputs) -> list[list[str]]:
   variants = out.json("variants", "rm_report.json")["variants"]
-  return [[name, v["reward"], f(v["helpsteer2_preference"]["accuracy"])]
-          + [f(v["rewardbench"]["sections"].get(s)) for s in
-             ("Chat", "Chat Hard", "Reasoning", "Score")] for name, v in variants.items()]
+  def counted(figure: float | None, count: int | None) -> str:
+    return f"{f(figure)} ({count})"  # the pairs judged, so that NaN over none reads so
+
+  rows = []
+  for name, v in variants.items():
+    pref, bench = v["helpsteer2_preference"], v["rewardbench"]
+    rows.append([name, v["reward"], counted(pref["accuracy"], pref["count"])]
+                + [counted(bench["sections"].get(s), bench["section_counts"].get(s))
+                   for s in ("Chat", "Chat Hard", "Reasoning", "Score")])
+  return rows
 
 
 HEAD_BIAS = "--config.head_bias=True --config.train.export_hf=False"
