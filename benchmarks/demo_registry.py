@@ -10,9 +10,12 @@ tests check that each appears there and parses as a run main.py would start).
 from __future__ import annotations
 
 import statistics
+from typing import Callable
 
 import demo_rl
 from demo_runs import Demo, Outputs, Run, Table, distinct, f
+
+from helpsteer_jax.judges import principle
 
 ATTRIBUTES = ("helpfulness", "correctness", "coherence", "complexity", "verbosity")
 SHARED_DATA = "../shared/data"  # the default --data: HelpSteer2's first rows, MT-Bench
@@ -109,13 +112,13 @@ def _head_bias_rows(out: Outputs) -> list[list[str]]:
 # ------------------------------------------------------------------- generative judges
 
 def judge_tables(prefix: str, run: str, iterations: int, eval_every: int, penalty: float,
-                 failures: str = "parse failures") -> tuple[Table, Table]:
-  """A generative judge's demo trained by RL (the GenRM's; the principle judge's is
-  `judge_tables("principle-rm", <run>, 60, 10, -50.0, "answers without a verdict")`
-  over its guide's commands): the rollouts' mean reward per `eval_every` iterations
-  (`<prefix>-rollouts`), and at each evaluation the greedy answers' mean reward and how
-  many got `penalty`, the reward of an answer the verifier cannot read
-  (`<prefix>-held-out`)."""
+                 failures: str = "parse failures",
+                 right: Callable[[dict], bool] | None = None) -> tuple[Table, Table]:
+  """A generative judge's demo trained by RL (the GenRM's, the principle judge's): the
+  rollouts' mean reward per `eval_every` iterations (`<prefix>-rollouts`), and at each
+  evaluation the greedy answers' mean reward, how many got `penalty`, the reward of an
+  answer the verifier cannot read, and, given `right` (a sample -> whether its verdict is
+  the truth), how many judged right (`<prefix>-held-out`)."""
   spans = [(i + 1, i + eval_every) for i in range(0, iterations, eval_every)]
   evals = range(0, iterations + 1, eval_every)
 
@@ -128,9 +131,13 @@ def judge_tables(prefix: str, run: str, iterations: int, eval_every: int, penalt
     m = out.metrics(run)
     counts = [sum(s["reward"] <= penalty for s in out.samples(run, i)) for i in evals]
     count = len(out.samples(run, 0))
-    return [[f"greedy mean reward ({count} held-out prompts)"]
+    rows = [[f"greedy mean reward ({count} held-out prompts)"]
             + [f(m[i]["eval_reward"], 2) for i in evals],
             [failures] + [str(n) for n in counts]]
+    if right is not None:
+      rows.append(["verdicts that match the truth"]
+                  + [str(sum(map(right, out.samples(run, i)))) for i in evals])
+    return rows
 
   return (Table(f"{prefix}-rollouts", ("iterations", *(f"{a}-{b}" for a, b in spans)),
                 rollouts),
@@ -145,6 +152,21 @@ GENRM_COMMANDS = (
     " --config.train.seq_len=512 --config.train.num_steps=65",
     "helpsteer-jax --config=configs/rl.py:genrm --workdir=workdir/rl_genrm",
 )
+
+PRINCIPLE_COMMANDS = (
+    "python -m helpsteer_jax.runs.principle_demo workdir/principle_demo",
+    "helpsteer-jax --config=configs/acsft.py --workdir=workdir/acsft_principle"
+    " --config.data.train_path=workdir/principle_demo/format_sft"
+    " --config.data.validation_path=workdir/principle_demo/format_sft"
+    " --config.train.seq_len=512 --config.train.num_steps=80",
+    "helpsteer-jax --config=configs/rl.py:principle --workdir=workdir/rl_principle",
+)
+
+
+def _principle_right(sample: dict) -> bool:
+  verdict = principle.parse_judgement(sample["response"])
+  return verdict is not None and verdict == (sample["reference"]["fulfilment"] == "Yes")
+
 
 # ------------------------------------------------------------------- SmolLM2 RL
 
@@ -237,6 +259,11 @@ DEMOS: tuple[Demo, ...] = (
               _smollm2_rows))),
     Demo("genrm", "docs/tasks/genrm.md", (Run("genrm", GENRM_COMMANDS, minutes=10),),
          judge_tables("genrm", "genrm", iterations=60, eval_every=10, penalty=-100.0)),
+    Demo("principle-rm", "docs/tasks/principle_rm.md",
+         (Run("principle_rm", PRINCIPLE_COMMANDS, minutes=10),),
+         judge_tables("principle-rm", "principle_rm", iterations=60, eval_every=10,
+                      penalty=-50.0, failures="answers without a verdict",
+                      right=_principle_right)),
     Demo("attribute-model-variants", "docs/tasks/attribute_model.md", (
         Run("variants", (
             "helpsteer-jax --config=configs/attribute_model.py:demo_scaled_bt",

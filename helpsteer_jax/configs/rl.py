@@ -30,7 +30,8 @@ Presets: the default (the demo AC-SFT run's tiny policy, demo prompts),
 lr 1e-7, KL 3e-3 in the reward, the 0.65/0.8/0.45 reward); `genrm` (a GenRM trained by
 GRPO on HelpSteer3 with the verifier reward: the demo, docs/tasks/genrm.md) and `genrm_llama3_70b`;
 `principle` (RLBFF's principle judge trained by GRPO on HelpSteer3's principle rows,
-`prompts.train_path` their directory: see docs/tasks/principle_rm.md).
+`prompts.train_path` their directory; by default the CPU demo's rows and answer-format
+policy: see docs/tasks/principle_rm.md).
 """
 
 import ml_collections
@@ -53,6 +54,8 @@ PRESETS = ("demo", "smollm2_135m", "llama3_8b", "llama3_70b", "genrm", "genrm_ll
 RUN_KEYS = ("algorithm",)  # default workdir suffix: workdir/rl_dapo
 GENRM_DEMO_DATA = "workdir/genrm_demo"  # python -m helpsteer_jax.runs.genrm_prompts writes it
 GENRM_DEMO_POLICY = "workdir/acsft_genrm"  # the AC-SFT run on its answer-format rows (65 steps)
+PRINCIPLE_DEMO_DATA = "workdir/principle_demo"  # python -m helpsteer_jax.runs.principle_demo
+PRINCIPLE_DEMO_POLICY = "workdir/acsft_principle"  # the AC-SFT run on its format rows (80 steps)
 RENAMED = config_base.MODEL_RENAMED
 # HelpSteer2's PPO reward (arXiv 2406.08673): helpfulness, correctness and coherence only.
 PPO_WEIGHTS = {"helpfulness": 0.65, "correctness": 0.8, "coherence": 0.45, "complexity": 0.0,
@@ -179,16 +182,26 @@ def _demo(config):
 
 def _principle(config):
   """RLBFF's principle judge trained by GRPO: HelpSteer3's principle rows as prompts, the
-  judge's own signed log p(" Yes") - log p(" No") as the reward, unnormalised."""
+  judge's own signed log p(" Yes") - log p(" No") as the reward, unnormalised. By default
+  the demo: its rows and the AC-SFT run on their answer format (docs/tasks/principle_rm.md)."""
   config.algorithm = "grpo"
-  config.prompts.format = "principle"
+  config.prompts.update(format="principle", train_path=PRINCIPLE_DEMO_DATA)
+  config.init.source = PRINCIPLE_DEMO_POLICY
   config.scorer.source = "principle_verifier"
   for name in config.scorer.weights:
     config.scorer.weights[name] = 1.0 if name == "helpfulness" else 0.0
   config.reward.normalize = "none"
-  # A judge prompt holds a conversation, a response and a principle: longer rows
-  config.train.seq_len = 1024
-  config.rollout.max_new_tokens = 128
+  # The demo's judge prompts (a conversation, a response, a principle) and its answers (a
+  # one-sentence reasoning, then the judgement)
+  config.train.update(seq_len=320, num_steps=60, global_batch=32, micro_batch=32,
+                      eval_every=10, save_every=10)
+  config.rollout.update(prompts_per_iteration=8, samples_per_prompt=4, max_new_tokens=40)
+  config.prompts.eval_limit = 100
+  config.optimizer.lr = 7e-4
+  # The reward is fixed by the tokens before the verdict, so the verdict token's own update
+  # is noise; a stronger KL term keeps it following the reasoning, as the answer-format run
+  # left it
+  config.loss.beta = 0.3
   return config
 
 

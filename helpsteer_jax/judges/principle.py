@@ -63,6 +63,13 @@ def judge_prompt(context: Conversation, response: str, principle: str) -> str:
       f' "{JUDGEMENT} Yes" if it does or "{JUDGEMENT} No" if it does not.')
 
 
+def answer(fulfilled: bool, reasoning: str = "") -> str:
+  """An answer in the prompt's format (the reasoning, if given, then the judgement): what
+  a judge writes, for demos and tests."""
+  verdict = f"{JUDGEMENT}{YES if fulfilled else NO}"
+  return f"{reasoning}\n{verdict}" if reasoning else verdict
+
+
 def parse_judgement(text: str) -> bool | None:
   """The answer's last `Final Judgement: Yes` (True) or `No` (False); None without one."""
   found = list(_VERDICT.finditer(text))

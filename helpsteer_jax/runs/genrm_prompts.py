@@ -17,8 +17,6 @@ policy starts from.
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
 import pathlib
 from typing import Sequence
@@ -33,7 +31,7 @@ from helpsteer_jax.errors import ConfigError
 from helpsteer_jax.inference import steering
 from helpsteer_jax.judges import genrm
 
-FORMAT_EXAMPLES = "format_sft"  # write_demo's answer-format rows (HelpSteer-format files)
+FORMAT_EXAMPLES = demo_helpsteer3.FORMAT_EXAMPLES  # write_demo's HelpSteer-format rows
 
 
 def _key(conv: Conversation, responses: Sequence[str]) -> tuple:
@@ -123,12 +121,8 @@ def write_demo(out_dir: str | pathlib.Path, num_train: int = 2000, num_validatio
   """The demo's HelpSteer3 configs (`preference/`, `feedback/`) and, in
   `FORMAT_EXAMPLES/`, answer-format rows for an AC-SFT run (short prompts by default)."""
   out = demo_helpsteer3.write_demo_helpsteer3(out_dir, num_train, num_validation)
-  for split, seed in (("train", 1), ("validation", 2)):
-    path = out / FORMAT_EXAMPLES / f"{split}.jsonl.gz"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(path, "wt", encoding="utf-8") as f:
-      for row in _format_rows(str(out), split, guidelines, seed):
-        f.write(json.dumps(row) + "\n")
+  demo_helpsteer3.write_format_examples(
+      out, lambda split, seed: _format_rows(str(out), split, guidelines, seed))
   return out
 
 

@@ -48,13 +48,6 @@ def config_reads() -> list:
   return scorer_reads()
 
 
-def steerlm_row(conv: Conversation) -> dict:
-  """A conversation in NeMo's SteerLM jsonl format."""
-  return {"system": conv.system, "mask": conv.mask_role, "type": "VALUE_TO_TEXT",
-          "conversations": [{"from": t.role, "value": t.text, "label": t.label}
-                            for t in conv.turns]}
-
-
 def _same_text(row: dict, conv: Conversation) -> bool:
   turns = row.get("conversations") or []
   return len(turns) == len(conv.turns) and all(
@@ -114,7 +107,7 @@ def annotate(convs: Sequence[Conversation], scorer: Scorer, out_path: pathlib.Pa
           labels[c][t] = label_string({ATTRIBUTES[j]: int(preds[i, j]) for j in slots})
         # The chunk the last run stopped in is scored whole, as it was then.
         new = [(conv, lab) for r, (conv, lab) in enumerate(zip(chunk, labels), lo) if r >= start]
-        writer.write(steerlm_row(_labelled(conv, lab)) for conv, lab in new)
+        writer.write(helpsteer.steerlm_row(_labelled(conv, lab)) for conv, lab in new)
         counts["written"] += len(new)
   finally:
     progress.close()

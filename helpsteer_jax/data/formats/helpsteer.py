@@ -128,6 +128,13 @@ def _steerlm_row(row: Mapping, where: str) -> Conversation:
                       source=where)
 
 
+def steerlm_row(conv: Conversation) -> dict:
+  """A conversation in NeMo's SteerLM jsonl format (what `_steerlm_row` reads back)."""
+  return {"system": conv.system, "mask": conv.mask_role, "type": "VALUE_TO_TEXT",
+          "conversations": [{"from": t.role, "value": t.text, "label": t.label}
+                            for t in conv.turns]}
+
+
 _CONVERTERS = {"helpsteer": _helpsteer_row, "steerlm": _steerlm_row}
 
 
