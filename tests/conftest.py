@@ -70,19 +70,22 @@ SHARED_HELPSTEER2 = REPO_ROOT.parent / "shared" / "data" / "helpsteer2" / "train
 # out whole files in collection order, so a long file collected last keeps one worker
 # busy while the other has nothing left.
 SLOW_FIRST = (
-    # the version tier's longest (the fresh venv) and the main run's
-    "test_packaging.py", "test_real_model.py", "test_serve.py", "test_acsft_preemption.py",
-    "test_model.py", "test_lora_training.py", "test_steerlm2_task.py", "test_train_loop.py",
-    "test_iterative_dpo_task.py", "test_rl_resume.py", "test_rl_export_best.py",
-    "test_export_best.py", "test_family_tasks.py",
-    "test_chat_template.py", "test_aot.py", "test_real_model_acsft.py", "test_decode.py",
-    "test_generation.py", "test_fault_tolerance.py", "test_aot_tasks.py", "test_lora_tasks.py",
-    "test_completions_dialect.py", "test_cli.py", "test_determinism.py", "test_engine.py",
-    # the multi-process run's (the two fault files wait for one shared reference run)
-    "test_multihost_steerlm2.py", "test_multihost_rl_sampling.py", "test_multihost_generate.py",
-    "test_multihost_preemption.py",
-    "test_multihost_iterative_dpo.py", "test_multihost_annotate.py", "test_multihost_rl.py",
-    "test_multihost_reference.py", "test_multihost_judging.py", "test_multihost_lost_process.py")
+    # the version tier's longest (the fresh venv), then the whole run's, longest first
+    "test_packaging.py", "test_real_model.py", "test_rl_multiturn.py",
+    "test_multihost_rl_sampling.py", "test_multihost_preemption.py",
+    "test_multihost_steerlm2.py", "test_serve.py", "test_completions_dialect.py",
+    "test_multihost_generate.py", "test_aot_tasks.py", "test_serve_principle.py",
+    "test_multihost_judging.py", "test_generation.py", "test_multihost_annotate.py",
+    "test_cli.py", "test_rl_dapo.py", "test_decode.py", "test_multihost_principle.py",
+    "test_multihost_genrm.py", "test_multihost_iterative_dpo.py", "test_judge_budget.py",
+    "test_model.py", "test_multihost_lost_process.py", "test_run_checks.py",
+    "test_real_model_acsft.py", "test_rl_distill.py", "test_multihost_rl.py",
+    "test_multihost_reference.py", "test_principle_demo.py", "test_bad_record_hints.py",
+    "test_acsft_preemption.py", "test_lora_training.py", "test_steerlm2_task.py",
+    "test_train_loop.py", "test_iterative_dpo_task.py", "test_rl_resume.py",
+    "test_rl_export_best.py", "test_export_best.py", "test_family_tasks.py",
+    "test_chat_template.py", "test_aot.py", "test_fault_tolerance.py", "test_lora_tasks.py",
+    "test_determinism.py", "test_engine.py")
 SLOWEST_FILES = 15  # rows of the table printed at the end of a run
 
 
