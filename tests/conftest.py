@@ -80,7 +80,7 @@ SLOW_FIRST = (
     "test_multihost_genrm.py", "test_multihost_iterative_dpo.py", "test_judge_budget.py",
     "test_model.py", "test_multihost_lost_process.py", "test_run_checks.py",
     "test_real_model_acsft.py", "test_rl_distill.py", "test_multihost_rl.py",
-    "test_multihost_reference.py", "test_principle_demo.py", "test_bad_record_hints.py",
+    "test_multihost_reference.py", "test_bad_record_hints.py",
     "test_acsft_preemption.py", "test_lora_training.py", "test_steerlm2_task.py",
     "test_train_loop.py", "test_iterative_dpo_task.py", "test_rl_resume.py",
     "test_rl_export_best.py", "test_export_best.py", "test_family_tasks.py",

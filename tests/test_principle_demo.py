@@ -1,9 +1,9 @@
 """The principle judge's CPU demo (docs/tasks/principle_rm.md "Demo"): the demo's
 principle rows, whose verdicts are re-derived here from the response text alone, read by
 `prompts.format=principle`; the answer-format examples answer those very prompts as the
-RL task renders them; and, at a small scale, the pipeline (the writer, an AC-SFT run on
-the examples, `rl:principle` from that run) ends in greedy answers whose verdicts the
-verifier reads (rewards above its penalty). The demo's learning curve is the guide's."""
+RL task renders them. The demo's commands themselves (the AC-SFT run, `rl:principle`
+from it) are run by `benchmarks/demo_figures.py --only principle-rm`, which writes and
+checks the guide's tables."""
 
 import gzip
 import json
@@ -117,32 +117,3 @@ def test_the_preset_defaults_to_the_demo():
   assert config.init.source == rl_config.PRINCIPLE_DEMO_POLICY
   assert config.scorer.source == "principle_verifier"
 
-
-def test_the_format_sft_policy_answers_with_a_verdict_the_verifier_reads(tmp_path):
-  """The demo's commands at a small scale: a two-layer policy after 120 AC-SFT steps on
-  the format examples answers every held-out prompt with a verdict (a reward above the
-  verifier's penalty) at `rl:principle`'s first evaluation."""
-  from cli_utils import run_main
-  data = principle_demo.write_demo(tmp_path / "demo", num_train=96, num_validation=12)
-  shape = ("--config.model.hidden_size=64", "--config.model.intermediate_size=128",
-           "--config.model.num_layers=2", "--config.train.seq_len=320",
-           "--config.train.global_batch=8", "--config.train.micro_batch=8",
-           "--config.train.export_hf=false")
-  sft = tmp_path / "acsft"
-  run_main("--config=configs/acsft.py", f"--workdir={sft}",
-           f"--config.data.train_path={data / principle_demo.FORMAT_EXAMPLES}",
-           "--config.data.validation_path=", "--config.train.loss_chunk_size=64",
-           "--config.train.eval_every=0", "--config.optimizer.warmup_steps=1",
-           "--config.optimizer.lr=1e-2", "--config.optimizer.min_lr=1e-3",
-           "--config.train.num_steps=120", *shape, devices=1)
-  workdir = tmp_path / "rl"
-  run_main("--config=configs/rl.py:principle", f"--workdir={workdir}",
-           f"--config.init.source={sft}", f"--config.prompts.train_path={data}",
-           "--config.train.num_steps=1", "--config.rollout.prompts_per_iteration=2",
-           *shape, devices=1)
-  samples = [json.loads(line) for line in
-             (workdir / "samples" / "iteration_000000.jsonl").read_text().splitlines()]
-  assert len(samples) == 12
-  for s in samples:
-    assert principle.parse_judgement(s["response"]) is not None, s["response"]
-    assert s["reward"] > principle.PENALTY, s
