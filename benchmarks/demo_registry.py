@@ -179,7 +179,7 @@ SMOLLM2_COMMANDS = (
     " --config.init.source=$SMOL --config.data.train_path=train80.jsonl"
     " --config.data.validation_path=val20.jsonl --config.train.seq_len=1024"
     " --config.train.global_batch=4 --config.train.micro_batch=4 --config.train.num_steps=10"
-    " --config.optimizer.lr=1e-4 --workdir=am",
+    " --config.optimizer.lr=1e-4 --config.optimizer.warmup_steps=1 --workdir=am",
     "helpsteer-jax --config=rl:smollm2_135m --config.init.source=$SMOL --config.scorer.source=am"
     " --config.prompts.train_path=train80.jsonl --config.prompts.eval_path=val20.jsonl"
     " --config.rollout.prompts_per_iteration=4 --config.rollout.samples_per_prompt=4"
