@@ -39,9 +39,10 @@ def test_batched_pass_equals_one_forward_over_all_rows():
   last = jax.device_get(jitted(state, frozen_pass.padded({k: v[4:] for k, v in rows.items()}, 2)))
   np.testing.assert_allclose(
       got["lp"], np.concatenate([x["lp"] for x in before] + [last["lp"][:1]]), atol=1e-6, rtol=0)
-  # One forward over all rows: other shapes, other float reduction orders.
-  np.testing.assert_allclose(got["lp"], whole["lp"], rtol=1e-6, atol=0)
-  np.testing.assert_allclose(got["sum"], whole["sum"], rtol=1e-6, atol=0)
+  # One forward over all rows: other shapes, other float reduction orders (XLA:CPU blocks
+  # a matmul by its shapes and the CPU's vector width), so a tolerance.
+  np.testing.assert_allclose(got["lp"], whole["lp"], rtol=1e-5, atol=0)
+  np.testing.assert_allclose(got["sum"], whole["sum"], rtol=1e-5, atol=0)
   again = frozen((state,), rows)
   np.testing.assert_array_equal(again["lp"], got["lp"])
   assert frozen_pass.padded({"x": np.ones((1, 3))}, 4)["x"].tolist()[1:] == [[0.0] * 3] * 3

@@ -1,10 +1,11 @@
 """A principle judge (RLBFF) as a policy's reward (`scorer.judge=principle`): on a tiny
 random causal LM, the reward equals log p(" Yes") - log p(" No") after the judge's
-`Final Judgement:` from an independent forward pass of the same model (fp32, 1e-5),
-with no reasoning and after its own greedy reasoning (decoded here token by token by
-full forward passes); the served form's reading of `/v1/completions` top alternatives
-(and its reasoning request first); and the attribute model plus the judge as one reward
-(`scorer.principle_source`)."""
+`Final Judgement:` from an independent one-row forward pass of the same model (fp32,
+within BATCH_ATOL: fp32 accumulation over the model's depth in another reduction order),
+with no reasoning and after its own greedy reasoning (decoded here token by token by full
+forward passes; each greedy token leads the runner-up by far more than that); the served
+form's reading of `/v1/completions` top alternatives (and its reasoning request first); and
+the attribute model plus the judge as one reward (`scorer.principle_source`)."""
 
 import json
 import math
@@ -26,6 +27,8 @@ from helpsteer_jax.models import builder, catalog, hf
 from helpsteer_jax.scoring import load, principle_judge, rules
 from helpsteer_jax.scoring.combine import CombinedScorer
 from helpsteer_jax.scoring.scorer import REWARD_SLOT, HostScorer
+
+from tolerances import BATCH_ATOL
 
 SLOT = ATTRIBUTES.index(REWARD_SLOT)
 PRINCIPLE = "The response is a haiku."
@@ -89,7 +92,9 @@ def test_the_reward_is_the_judges_verdict_log_ratio(judge_dir):
   got = scorer(CONVS)
   tok = hf.load_tokenizer(str(source))
   expected = [_independent(model, tok, c) for c in CONVS[:3]]
-  np.testing.assert_allclose(got[:3, SLOT], expected, rtol=0, atol=1e-5)
+  # The scorer's batch against one-row passes: fp32 sums over the model's depth in another
+  # order (XLA:CPU blocks a matmul by its shapes), not bitwise equal (tests/tolerances.py).
+  np.testing.assert_allclose(got[:3, SLOT], expected, rtol=0, atol=BATCH_ATOL)
   assert np.all(np.delete(got[:3], SLOT, axis=1) == 0)
   assert np.isnan(got[3]).all()  # longer than scorer.max_len: not scored
   assert len(set(np.round(got[:3, SLOT], 6))) == 3
@@ -111,7 +116,11 @@ def _greedy(model, tok, prompt: str, budget: int, length: int = 512) -> str:
   for _ in range(budget):
     x = np.zeros((1, length), np.int32)
     x[0, :len(ids) + len(new)] = ids + new
-    token = int(np.argmax(np.asarray(step(model, x))[0, len(ids) + len(new) - 1]))
+    logits = np.asarray(step(model, x))[0, len(ids) + len(new) - 1]
+    token = int(np.argmax(logits))
+    top2 = np.sort(logits)[-2:]
+    # A clear winner, so the batched engine's greedy choice is this one too.
+    assert top2[1] - top2[0] > 100 * BATCH_ATOL, (tok.decode(new), top2)
     if token in eos:
       break
     new.append(token)
@@ -133,7 +142,7 @@ def test_a_reasoning_judge_judges_after_its_own_greedy_reasoning(judge_dir):
   reasoning = [_greedy(model, tok, p, 12) for p in prompts]
   assert scorer.reasoning(prompts) == reasoning and all(reasoning)
   expected = [_independent(model, tok, c, r) for c, r in zip(CONVS[:3], reasoning)]
-  np.testing.assert_allclose(got[:3, SLOT], expected, rtol=0, atol=1e-5)
+  np.testing.assert_allclose(got[:3, SLOT], expected, rtol=0, atol=BATCH_ATOL)
   assert np.all(np.delete(got[:3], SLOT, axis=1) == 0)
   assert np.isnan(got[3]).all()  # no room to reason, and too long to judge
   one_pass = [_independent(model, tok, c) for c in CONVS[:3]]

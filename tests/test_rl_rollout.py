@@ -17,6 +17,8 @@ from helpsteer_jax.inference.sampling import sample_seed
 from helpsteer_jax.models import builder, catalog, hf
 from helpsteer_jax.rl import rollout
 
+from tolerances import BATCH_ATOL
+
 K, T = 3, 10
 
 
@@ -42,9 +44,10 @@ def test_rollouts_are_the_engines_completions_padded_and_masked(setup):
     n = len(want.token_ids)
     assert r.tokens[b, :n].tolist() == want.token_ids and r.mask[b].sum() == n
     assert not r.mask[b, n:].any() and not r.tokens[b, n:].any()
-    np.testing.assert_allclose(r.sampler_logp[b, :n], want.logprobs, rtol=1e-6)
+    # The batch's log-probs against the request's alone: not bitwise (tests/tolerances.py).
+    np.testing.assert_allclose(r.sampler_logp[b, :n], want.logprobs, rtol=0, atol=BATCH_ATOL)
     # Temperature 1, top-p 1: the sampling distribution is the model's.
-    np.testing.assert_allclose(r.sampler_logp[b, :n], want.raw.chosen, atol=1e-5)
+    np.testing.assert_allclose(r.sampler_logp[b, :n], want.raw.chosen, rtol=0, atol=BATCH_ATOL)
     assert r.finished[b] == (want.finish_reason == "stop") and r.texts[b] == want.text
     assert r.finished[b] or n == T
   # The samples of a prompt differ; the same (seed, step) draws them again.
