@@ -1,14 +1,16 @@
 """One process of tests/test_multihost_hf.py: import a HF checkpoint, run a
-forward, export it again.
+forward, export it again; once per mesh shape, so that one process group checks
+several meshes.
 
   python -m hf_multihost_worker --config.hf_path=DIR --config.out=DIR \
-      --config.mesh.fsdp=8 [--config.export=False] [--config.distributed.*=...]
+      --config.meshes="1,8,1;1,4,2" [--config.export=False] [--config.distributed.*=...]
 
-The mesh spans every process. Writes `<out>/hf_read_<process>.json` (bytes
-read per HF tensor, the process of each mesh position, the size of every
-array the export gathered to the host) and, on process 0, `<out>/logits.npy`
-of a fixed batch. Each process passes its own `<out>/export_<process>` to
-`save_hf_model`, so a write by any process but 0 would show.
+Each mesh (data,fsdp,tensor) spans every process; mesh i writes under `<out>/mesh_<i>`
+(`run`'s files), and the first mesh's import is exported unless `export` is off.
+`run` writes `<out>/hf_read_<process>.json` (bytes read per HF tensor, the process of
+each mesh position, the size of every array the export gathered to the host) and, on
+process 0, `<out>/logits.npy` of a fixed batch. Each process passes its own
+`<out>/export_<process>` to `save_hf_model`, so a write by any process but 0 would show.
 """
 
 from __future__ import annotations
@@ -80,13 +82,18 @@ def run(hf_path: str, out: str, mesh_shape: tuple[int, int, int], export: bool) 
     np.save(out_dir / "logits.npy", logits)
 
 
+def mesh_shapes(meshes: str) -> list[tuple[int, int, int]]:
+  """"1,8,1;1,4,2" as [(1, 8, 1), (1, 4, 2)] (data, fsdp, tensor)."""
+  return [tuple(int(n) for n in shape.split(",")) for shape in meshes.split(";")]
+
+
 def main(argv: list[str]) -> None:
   del argv
   from helpsteer_jax import distributed
   config = _CONFIG.value
   distributed.initialize(config.distributed)
-  run(config.hf_path, config.out, (config.mesh.data, config.mesh.fsdp, config.mesh.tensor),
-      config.export)
+  for i, mesh_shape in enumerate(mesh_shapes(config.meshes)):
+    run(config.hf_path, f"{config.out}/mesh_{i}", mesh_shape, config.export and i == 0)
   distributed.finish()
 
 
@@ -97,6 +104,6 @@ if __name__ == "__main__":
   from helpsteer_jax import config_base
 
   _CONFIG = config_flags.DEFINE_config_dict("config", ml_collections.ConfigDict(dict(
-      hf_path="", out="", export=True, mesh=dict(data=1, fsdp=8, tensor=1),
+      hf_path="", out="", export=True, meshes="1,8,1",
       distributed=config_base.distributed_config())))
   app.run(main, argv=sys.argv)

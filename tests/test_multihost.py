@@ -2,9 +2,10 @@
 launch flags that cannot form a group fail saying what to fix.
 
 Both runs build the same (data=2, fsdp=2, tensor=2) mesh and see the same
-global batches. In the two-process run the mesh spans both processes, each
-process transfers only its devices' rows, Orbax writes one checkpoint
-together, and only process 0 logs metrics and draws the progress bar.
+global batches (tests/training_groups.py; the two-process run is the fault tests'
+uninterrupted reference, trained once per run). In the two-process run the mesh
+spans both processes, each process transfers only its devices' rows, Orbax writes
+one checkpoint together, and only process 0 logs metrics and draws the progress bar.
 """
 
 import json
@@ -14,18 +15,9 @@ import time
 import numpy as np
 import pytest
 
+import training_groups as tr
 from cli_utils import run_main
-from multiprocess import Group, free_port, run_group
-
-_RUN = ("--config=configs/acsft.py", "--config.model.hidden_size=64",
-        "--config.model.intermediate_size=128", "--config.model.num_layers=2",
-        "--config.train.seq_len=128", "--config.train.global_batch=8",
-        "--config.train.micro_batch=4", "--config.train.loss_chunk_size=64",
-        "--config.train.num_steps=3", "--config.train.log_every=1",
-        "--config.train.eval_every=0", "--config.train.eval_batches=2",
-        "--config.train.save_every=100", "--config.train.export_hf=False",
-        "--config.optimizer.warmup_steps=1", "--config.mesh.data=2",
-        "--config.mesh.fsdp=2", "--config.mesh.tensor=2")
+from multiprocess import Group, free_port
 
 
 def _losses(workdir):
@@ -35,25 +27,27 @@ def _losses(workdir):
   return train, evals
 
 
-@pytest.mark.multihost  # three CLI runs (about 1 min on an idle 2-core machine)
+@pytest.mark.multihost  # a one-process CLI run beside the shared two-process run
 @pytest.mark.version_tier  # the multi-process smoke test: jax.distributed, gloo, Orbax
-def test_two_processes_match_one_process(training_inputs, tmp_path):
+def test_two_processes_match_one_process(training_inputs, uninterrupted_training_group,
+                                         tmp_path):
   single = tmp_path / "single"
-  run_main(*_RUN, *training_inputs, f"--workdir={single}", devices=8)
+  run_main(*tr.RUN, *training_inputs, f"--workdir={single}", devices=8)
 
-  multi = tmp_path / "multi"
-  outs = [(r.stdout, r.stderr) for r in run_group(*_RUN, *training_inputs, f"--workdir={multi}")]
+  multi = uninterrupted_training_group
+  outs = [tr.output(multi, i) for i in (0, 1)]
   assert "process 0 of 2" in outs[0][1] and "8 global devices" in outs[0][1]
 
   single_train, single_eval = _losses(single)
   multi_train, multi_eval = _losses(multi)
-  assert sorted(multi_train) == [1, 2, 3]
-  np.testing.assert_allclose([multi_train[s] for s in (1, 2, 3)],
-                             [single_train[s] for s in (1, 2, 3)], rtol=2e-6)
+  steps = list(range(1, tr.STEPS + 1))
+  assert sorted(multi_train) == steps
+  np.testing.assert_allclose([multi_train[s] for s in steps],
+                             [single_train[s] for s in steps], rtol=2e-6)
   np.testing.assert_allclose(multi_eval, single_eval, rtol=2e-6)
   assert len(single_eval) == 1
-  # One cooperative checkpoint of step 3 with both processes' data positions.
-  step_dir = multi / "checkpoints" / "3"
+  # One cooperative checkpoint of the last step with both processes' data positions.
+  step_dir = multi / "checkpoints" / str(tr.STEPS)
   assert (step_dir / "state").is_dir()
   written = {p.name for p in (step_dir / "data").iterdir()}
   assert {"process_0-of-2.json", "process_1-of-2.json"} <= written
@@ -62,7 +56,7 @@ def test_two_processes_match_one_process(training_inputs, tmp_path):
           == (step_dir / "data" / "process_1-of-2.json").read_text())
   # Process 1 neither draws a progress bar nor prints the summary.
   assert not re.search(r"s/step|step/s", outs[1][1])
-  assert "acsft: finished at step 3" in outs[0][0] and "acsft:" not in outs[1][0]
+  assert f"acsft: finished at step {tr.STEPS}" in outs[0][0] and "acsft:" not in outs[1][0]
 
 
 @pytest.mark.multihost

@@ -46,14 +46,24 @@ def checkpoint(tmp_path_factory) -> str:
   return str(path)
 
 
-def _run_two_processes(checkpoint, out, mesh_shape, export):
-  data, fsdp, tensor = mesh_shape
+# fsdp=8 (with the export); fsdp=4 x tensor=2, fsdp across the processes.
+MESHES = ((1, 8, 1), (1, 4, 2))
+
+
+@pytest.fixture(scope="module")
+def two_processes(checkpoint, tmp_path_factory):
+  """One two-process group importing `checkpoint` onto each of MESHES in turn (and
+  exporting the first): mesh i's files are in `<returned>/mesh_<i>`."""
+  out = tmp_path_factory.mktemp("multi")
   run_group(f"--config.hf_path={checkpoint}", f"--config.out={out}",
-            f"--config.mesh.data={data}", f"--config.mesh.fsdp={fsdp}",
-            f"--config.mesh.tensor={tensor}", f"--config.export={export}",
-            module="hf_multihost_worker", timeout=300,
+            f"--config.meshes={';'.join(','.join(map(str, m)) for m in MESHES)}",
+            "--config.export=True", module="hf_multihost_worker", timeout=300,
             env={"PYTHONPATH": os.pathsep.join(
                 [str(REPO_ROOT / "tests"), os.environ.get("PYTHONPATH", "")])})
+  return out
+
+
+def _reports(out) -> list[dict]:
   return [json.loads((out / f"hf_read_{p}.json").read_text()) for p in range(2)]
 
 
@@ -101,31 +111,31 @@ def _check_reads(reports, checkpoint, mesh_shape):
   return total
 
 
-def test_two_process_import_and_export(checkpoint, tmp_path):
+def test_two_process_import_and_export(checkpoint, two_processes, tmp_path):
   """fsdp=8 over 2 processes: each reads half of every tensor (reference:
   the shardings); the logits equal bitwise those of a 1-process import of
   the same checkpoint on 8 devices (reference: this process); the export is
   byte-identical to that process's export, process 1 writes nothing, and
   each gather puts one tensor (one layer) on the host, never the model."""
-  mesh_shape = (1, 8, 1)
-  reports = _run_two_processes(checkpoint, tmp_path / "multi", mesh_shape, True)
+  mesh_shape, multi = MESHES[0], two_processes / "mesh_0"
+  reports = _reports(multi)
   total = _check_reads(reports, checkpoint, mesh_shape)
 
   ref = tmp_path / "single"
   worker.run(checkpoint, str(ref), mesh_shape, export=True)
   single = json.loads((ref / "hf_read_0.json").read_text())
   assert single["bytes_read"] == total  # one process: every tensor once
-  np.testing.assert_array_equal(np.load(tmp_path / "multi" / "logits.npy"),
+  np.testing.assert_array_equal(np.load(multi / "logits.npy"),
                                 np.load(ref / "logits.npy"))
 
-  multi_files = sorted(os.listdir(tmp_path / "multi" / "export_0"))
+  multi_files = sorted(os.listdir(multi / "export_0"))
   assert multi_files == sorted(os.listdir(ref / "export_0"))
   assert st.INDEX_FILE in multi_files and "config.json" in multi_files
   assert "generation_config.json" in multi_files
   for name in multi_files:
-    assert ((tmp_path / "multi" / "export_0" / name).read_bytes()
+    assert ((multi / "export_0" / name).read_bytes()
             == (ref / "export_0" / name).read_bytes()), name
-  assert not (tmp_path / "multi" / "export_1").exists()
+  assert not (multi / "export_1").exists()
   # The export gathers one (layer of one) tensor at a time, each once.
   reader = st.CheckpointReader(checkpoint)
   largest = max(reader.info(n).nbytes for n in reader.names())
@@ -134,14 +144,15 @@ def test_two_process_import_and_export(checkpoint, tmp_path):
     assert max(r["gathered"]) == largest < total / 4
 
 
-def test_two_process_import_fsdp_and_tensor(checkpoint, tmp_path):
-  """fsdp=4 x tensor=2, fsdp across the processes: each process reads half
-  of every tensor, and the norm scales' blocks, which two of its devices
-  (tensor=0, 1) hold, once (reference: the shardings); logits equal the
-  1-process import (reference: this process, 8 devices)."""
-  mesh_shape = (1, 4, 2)
-  reports = _run_two_processes(checkpoint, tmp_path / "multi", mesh_shape, False)
-  _check_reads(reports, checkpoint, mesh_shape)
+def test_two_process_import_fsdp_and_tensor(checkpoint, two_processes, tmp_path):
+  """fsdp=4 x tensor=2, fsdp across the processes (the same process group, after the
+  fsdp=8 import): each process reads half of every tensor, and the norm scales'
+  blocks, which two of its devices (tensor=0, 1) hold, once (reference: the
+  shardings); logits equal the 1-process import (reference: this process, 8 devices);
+  no export."""
+  mesh_shape, multi = MESHES[1], two_processes / "mesh_1"
+  _check_reads(_reports(multi), checkpoint, mesh_shape)
+  assert not list(multi.glob("export_*"))
   worker.run(checkpoint, str(tmp_path / "single"), mesh_shape, export=False)
-  np.testing.assert_array_equal(np.load(tmp_path / "multi" / "logits.npy"),
+  np.testing.assert_array_equal(np.load(multi / "logits.npy"),
                                 np.load(tmp_path / "single" / "logits.npy"))

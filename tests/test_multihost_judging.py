@@ -1,6 +1,8 @@
 """evaluate_generation (the LLM judge asked once, by process 0) and build_2d (a
-host-side scorer or the attribute model, split over the processes) with two processes
-write the files of one process.
+host-side scorer split over the processes) with two processes write the files of one
+process. build_2d hands every scorer the same call; the attribute model's split by the
+mesh across processes is annotate's and evaluate_rm's (tests/test_multihost_annotate.py,
+tests/test_rm_benchmarks_multihost.py).
 
 The harness and what every two-process test checks: tests/task_groups.py.
 """
@@ -84,16 +86,3 @@ def test_build_2d_splits_a_host_side_scorer_across_processes(tmp_path):
   assert run.written(0, tmp_path / "w") >= {"helpsteer_2d.jsonl", "build_2d.json"}
   assert run.written(1, tmp_path / "w") == set()
 
-
-def _build_2d_model(task_inputs, workdir) -> tuple[str, ...]:
-  return ("--config=configs/build_2d.py", *tg.MESH, *tg.scorer(task_inputs),
-          "--config.data.demo_rows=12", f"--workdir={workdir}")
-
-
-def test_build_2d_attribute_model_splits_by_the_mesh(task_inputs, tmp_path):
-  proc = tg.single(*_build_2d_model(task_inputs, tmp_path / "single"))
-  texts = tg.split(proc.stderr, "build_2d: texts scored")[0]
-  run, results = tg.run_two(tmp_path, *_build_2d_model(task_inputs, tmp_path / "w"))
-  _assert_same_build_2d(tmp_path / "single", tmp_path / "w")
-  tg.assert_split(tg.split(results[0].stderr, "build_2d: texts scored"), texts)
-  assert run.written(1, tmp_path / "w") == set()

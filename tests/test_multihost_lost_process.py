@@ -1,6 +1,7 @@
-"""A lost host: a process killed with SIGKILL ends its peer (the peer watchdog, or JAX
-itself when process 0 hosted the coordination service), and a rerun resumes from the
-last complete checkpoint to the uninterrupted run's losses.
+"""A lost host: process 1 killed with SIGKILL ends its peer (the peer watchdog), and a
+rerun resumes from the last complete checkpoint to the uninterrupted run's losses.
+Losing process 0, which hosts the coordination service, makes JAX end the other: the
+generate and reference-pass kill tests check it (task_groups.assert_survivor_stopped).
 
 The runs and their reference: tests/training_groups.py.
 """
@@ -48,16 +49,3 @@ def test_a_lost_process_ends_the_survivor_and_a_rerun_resumes_bitwise(
   for s in range(complete[-1] + 1, tr.STEPS + 1):
     assert resumed[s] == uninterrupted[s], s
 
-
-def test_losing_process_0_ends_the_other_at_once(training_inputs, tmp_path):
-  workdir = tmp_path / "run"
-  group = Group(*tr.RUN, *training_inputs, f"--workdir={workdir}", heartbeat_timeout=10)
-  tr.wait_for_steps(group, workdir, 3)
-  killed_at = time.monotonic()
-  group.signal(0, signal.SIGKILL)
-  _, survivor = group.wait()
-  assert survivor.returncode != 0
-  assert time.monotonic() - killed_at < 60
-  # process 0 hosted the coordination service: JAX's runtime ends the others itself
-  assert ("leader task was preempted/died" in survivor.stderr
-          or "Connection closed" in survivor.stderr)

@@ -1,5 +1,5 @@
-"""The 2D-DPO reference pass with two processes writes the cache of one process; a
-pass that loses process 0 resumes to the same cache.
+"""The 2D-DPO reference pass with two processes writes the cache of one process, and a
+two-process pass that loses process 0 resumes to it.
 
 The harness and what every two-process test checks: tests/task_groups.py.
 """
@@ -32,14 +32,6 @@ def _parts(workdir: pathlib.Path) -> list[pathlib.Path]:
   return sorted((workdir / "reference" / "train").glob("part_????????.npy"))
 
 
-@pytest.fixture(scope="module")
-def reference_single(task_inputs, tmp_path_factory):
-  workdir = tmp_path_factory.mktemp("dpo2d_single")
-  proc = tg.single(*_dpo2d(task_inputs, workdir))
-  assert tg.split(proc.stderr, "reference pass train: pairs computed") == [REFERENCE_PAIRS]
-  return workdir / "reference" / "train"
-
-
 def _assert_same_cache(single: pathlib.Path, workdir: pathlib.Path) -> None:
   cache = workdir / "reference" / "train"
   names = sorted(p.name for p in single.iterdir())
@@ -48,24 +40,20 @@ def _assert_same_cache(single: pathlib.Path, workdir: pathlib.Path) -> None:
   tg.assert_same(single, cache, *names)
 
 
-def test_reference_pass_two_processes_write_the_one_process_cache(
-    task_inputs, reference_single, tmp_path):
-  run, results = tg.run_two(tmp_path, *_dpo2d(task_inputs, tmp_path / "w"))
-  _assert_same_cache(reference_single, tmp_path / "w")
-  tg.assert_split(tg.split(results[0].stderr, "reference pass train: pairs computed"),
-                  REFERENCE_PAIRS)
-  assert run.written(1, tmp_path / "w" / "reference") == set()
-
-
-def test_reference_pass_resumes_after_process_0_is_killed(task_inputs, reference_single,
-                                                          tmp_path):
-  stopped, hung, kept, results = tg.killed_and_rerun(
+def test_reference_pass_two_processes_killed_and_rerun_write_the_one_process_cache(
+    task_inputs, tmp_path):
+  """Process 0 killed between parts, then both rerun: the one-process cache, part for
+  part; the rerun computes the remaining pairs split over the processes, and process 1
+  writes nothing under reference/ in either run."""
+  proc = tg.single(*_dpo2d(task_inputs, tmp_path / "single"))
+  assert tg.split(proc.stderr, "reference pass train: pairs computed") == [REFERENCE_PAIRS]
+  stopped, hung, kept, _, results = tg.killed_and_rerun(
       tmp_path, _dpo2d(task_inputs, tmp_path / "w"), 0, lambda: len(_parts(tmp_path / "w")), 3,
       tmp_path / "w" / "reference")
   batches = REFERENCE_PAIRS // 8
   assert 3 <= kept < batches
   assert f"reference pass: {batches - kept} of {batches} batches" in results[0].stderr
-  _assert_same_cache(reference_single, tmp_path / "w")
+  _assert_same_cache(tmp_path / "single" / "reference" / "train", tmp_path / "w")
   tg.assert_split(tg.split(results[0].stderr, "reference pass train: pairs computed"),
                   REFERENCE_PAIRS - 8 * kept)
   tg.assert_survivor_stopped(stopped, 0, hung)

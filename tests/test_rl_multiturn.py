@@ -209,11 +209,10 @@ def _assert_every_turn_answered(workdir) -> None:
   assert [len(s["follow_ups"]) for s in samples] == [0, 1, 2]
 
 
-@pytest.mark.parametrize("algorithm", ["ppo", "dapo"])
-def test_a_multi_turn_run_answers_every_turn(tmp_path, algorithm):
-  """PPO (its GAE over the answers' tokens); DAPO (dynamic sampling, the overlong
-  shaping on the longest answer). GRPO: the resume test below."""
-  summary = task.run(_multi(tmp_path, algorithm=algorithm, **{"train.num_steps": 2}),
+def test_a_multi_turn_dapo_run_answers_every_turn(tmp_path):
+  """DAPO (dynamic sampling, the overlong shaping on the longest answer). PPO: the resume
+  test below."""
+  summary = task.run(_multi(tmp_path, algorithm="dapo", **{"train.num_steps": 2}),
                      str(tmp_path / "run"))
   assert summary["status"] == "finished"
   _assert_every_turn_answered(tmp_path / "run")
@@ -235,10 +234,12 @@ def test_single_turn_prompts_train_the_same_with_multi_turn_on(tmp_path):
 
 
 def test_a_resumed_multi_turn_run_repeats_the_uninterrupted_one(tmp_path):
-  """GRPO with each answer scored: every turn answered, and stopped after iteration 1
-  and resumed, iteration 2 is the uninterrupted run's."""
-  assert_resumes(_multi(tmp_path, **{"rollout.multi_turn_reward": "each"}), tmp_path,
-                 ("reward", "reward_normalized", "kl", "loss", "response_length", "turns"))
+  """PPO (its GAE over the answers' tokens) with each answer scored: every turn answered,
+  and stopped after iteration 1 and resumed, iteration 2 is the uninterrupted run's, its
+  critic's too."""
+  assert_resumes(_multi(tmp_path, algorithm="ppo", **{"rollout.multi_turn_reward": "each"}),
+                 tmp_path, ("reward", "reward_normalized", "kl", "loss", "response_length",
+                            "turns", "value_loss", "value"))
   _assert_every_turn_answered(tmp_path / "straight")
 
 

@@ -1,11 +1,12 @@
 """Two processes of four CPU devices each training AC-SFT together, for the pod-fault tests
-(tests/test_multihost_preemption.py, tests/test_multihost_lost_process.py).
+(tests/test_multihost_preemption.py, tests/test_multihost_lost_process.py) and the
+one-process comparison (tests/test_multihost.py).
 
-They train on a (data=2, fsdp=2, tensor=2) mesh spanning both. The reference for every
-resumed run is the uninterrupted two-process run of the same config: losses after a
-resume must be bitwise equal to it (same processes, same program); a resume on one
-process of eight devices must reproduce it to float32 rounding (its collectives sum in
-another order).
+They train on a (data=2, fsdp=2, tensor=2) mesh spanning both, evaluating at the end. The
+reference for every resumed run is the uninterrupted two-process run of the same config:
+losses after a resume must be bitwise equal to it (same processes, same program); a
+resume on one process of eight devices must reproduce it to float32 rounding (its
+collectives sum in another order).
 """
 
 import json
@@ -23,7 +24,7 @@ RUN = ("--config=configs/acsft.py", "--config.model.hidden_size=64",
        "--config.train.seq_len=128", "--config.train.global_batch=8",
        "--config.train.micro_batch=4", "--config.train.loss_chunk_size=64",
        f"--config.train.num_steps={STEPS}", "--config.train.log_every=1",
-       "--config.train.eval_every=0", "--config.train.eval_batches=0",
+       "--config.train.eval_every=0", "--config.train.eval_batches=2",
        "--config.train.save_every=1000", "--config.train.export_hf=False",
        "--config.optimizer.warmup_steps=1", "--config.mesh.data=2",
        "--config.mesh.fsdp=2", "--config.mesh.tensor=2")
@@ -53,9 +54,17 @@ def losses(workdir: pathlib.Path) -> dict[int, float]:
 
 
 def train_uninterrupted(inputs: tuple[str, ...], workdir: pathlib.Path) -> None:
-  """The reference: all STEPS steps with two processes."""
-  run_group(*RUN, *inputs, f"--workdir={workdir}")
+  """The reference: all STEPS steps with two processes, each one's output kept (`output`)."""
+  for i, result in enumerate(run_group(*RUN, *inputs, f"--workdir={workdir}")):
+    (workdir / f"process_{i}.stdout").write_text(result.stdout)
+    (workdir / f"process_{i}.stderr").write_text(result.stderr)
   assert sorted(losses(workdir)) == list(range(1, STEPS + 1))
+
+
+def output(workdir: pathlib.Path, i: int) -> tuple[str, str]:
+  """Process i's (stdout, stderr) in `train_uninterrupted`'s run."""
+  return ((workdir / f"process_{i}.stdout").read_text(),
+          (workdir / f"process_{i}.stderr").read_text())
 
 
 def wait_for_steps(group: Group, workdir: pathlib.Path, steps: int,
